@@ -1,0 +1,53 @@
+"""`csr-ros`: a thin main() over the tool modules in csr_ros.tools."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from csr_ros.errors import CsrError
+
+# subcommand name -> module in csr_ros.tools; each module is imported only when its command runs
+# (so `csr-ros --help` stays fast and does not import torch).
+SUBCOMMANDS = {
+    "bench": ("bench", "TTFT of CSR queries against the unordered baseline, capsule timings"),
+    "demo": ("demo", "a synthetic robot episode with ASR over two resources (the main job)"),
+    "serve": ("serve", "start inference servers (vLLM on a GPU server, llama.cpp for tests)"),
+    "model": ("model", "prepare or inspect the embedded default model"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="csr-ros", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        p.set_defaults(_parser=p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    # Two passes: find the subcommand, then let its module add its own arguments.
+    known, _ = parser.parse_known_args(argv)
+    module = importlib.import_module(f"csr_ros.tools.{known._module}")
+    module.add_arguments(known._parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(module.run(args) or 0)
+    except CsrError as exc:
+        print(f"csr-ros {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Build a resource by kind name, importing its backend only when asked for.
+
+    make_resource("local", model="smollm2", threads=1)
+    make_resource("openai", url="http://127.0.0.1:8001", ...)
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from csr_ros.errors import ConfigError
+from csr_ros.resources.base import Resource
+
+BACKENDS = {
+    "local": ("csr_ros.resources.local", "LocalResource"),
+    "openai": ("csr_ros.resources.openai", "OpenAIResource"),
+}
+
+
+def make_resource(kind: str, **options) -> Resource:
+    if kind not in BACKENDS:
+        raise ConfigError(f"unknown resource kind {kind!r}; choose one of {sorted(BACKENDS)}")
+    module_name, class_name = BACKENDS[kind]
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(**options)
