@@ -1,0 +1,375 @@
+"""Parameters of the three nodes: one schema, validated the same way in a node and in a test.
+
+Each node declares every `ParamSpec` of its schema (name, default, description) with rclpy,
+reads the values back into a dict and hands it to `validate`, which applies defaults, checks
+types, choices and ranges, and raises `ConfigError` with a message that names the parameter
+and says what to write instead. `load_params_file` reads a ROS 2 parameters YAML file
+(``node: {ros__parameters: {...}}``) the way ``--params-file`` does, so a file can be checked
+before a robot is started.
+
+The aggregator's sources are nested parameters: ``sources: [odom, scan]`` names them and
+``source.<name>.topic`` / ``.type`` / ... describe each one (a YAML mapping under
+``source:`` flattens to those dotted names).
+
+Pure: no rclpy.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import yaml
+
+from csr_ros.errors import ConfigError
+from csr_ros.render import RenderOptions, normalize_type_name
+
+NODES = ("aggregator", "policy", "reconciler")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    default: Any                     # its Python type is the parameter's ROS type
+    description: str
+    choices: tuple[str, ...] = ()
+    min_value: float | None = None   # inclusive
+    positive: bool = False           # > 0 (for rates and periods that divide)
+    required: bool = False           # no usable default: the params file must set it
+    element: type | None = None      # element type of an array parameter with an empty default
+
+    @property
+    def kind(self) -> type:
+        return list if isinstance(self.default, list) else type(self.default)
+
+
+def _p(name, default, description, **kw) -> ParamSpec:
+    return ParamSpec(name, default, description, **kw)
+
+
+TOPICS = [
+    _p("topics.chunks", "csr/chunks", "StateChunk stream (history, gap-free seq)"),
+    _p("topics.instant", "csr/instant", "StateChunk stream of 'instant' values (dynamic suffix)"),
+    _p("topics.swaps", "csr/swaps", "SwapEvent stream of the reconciler (transient local)"),
+    _p("topics.decisions", "csr/decisions", "PolicyDecision stream of the policy node"),
+    _p("services.get_chunks", "csr/get_chunks", "GetChunks service of the aggregator"),
+    _p("services.query", "csr/query", "Query service of the policy node"),
+]
+
+CHUNKS = [
+    _p("chunk_log", "", "chunk log directory for late joiners beyond the ring ('' = none)"),
+]
+
+AGGREGATOR = TOPICS + CHUNKS + [
+    _p("sources", [], "names of the input sources; each is described by source.<name>.*",
+       required=True, element=str),
+    _p("ring_size", 10000, "chunks kept in memory for GetChunks", min_value=1),
+    _p("float_digits", 3, "decimals kept when rendering floats", min_value=0),
+    _p("max_array", 8, "arrays longer than this are summarised (n/min/max/mean)", min_value=1),
+    _p("max_chars", 2000, "longest chunk text in characters (cut with a marker)", min_value=32),
+    _p("poll_hz", 20.0, "how often held (rate-limited) values are checked for release",
+       positive=True),
+    _p("qos_recheck_s", 2.0, "period of re-matching subscription QoS to new publishers",
+       positive=True),
+]
+
+SOURCE = [
+    _p("topic", "", "topic to subscribe to", required=True),
+    _p("type", "", "message type, e.g. sensor_msgs/msg/LaserScan", required=True),
+    _p("label", "", "name of the source in the chunk text ('' = the source name)"),
+    _p("period_s", 0.0, "minimum time between two chunks of this source (newest kept)",
+       min_value=0.0),
+    _p("fields", "", "comma-separated dotted fields to keep ('' = type summary / all fields)"),
+    _p("summarize", True, "use the built-in summary of the type when there is one"),
+    _p("instant", False, "a current value for the dynamic suffix instead of history"),
+]
+
+STATE = [
+    _p("model", "smollm2", "model directory (or 'smollm2') whose tokenizer and template "
+       "build the prompt"),
+    _p("tokenizer", "local", "'local': tokenizer files of `model`; 'server': the primary "
+       "server's /tokenize", choices=("local", "server")),
+    _p("mode", "token", "send token ids ('token') or prompt text ('text')",
+       choices=("token", "text")),
+    _p("use_chat_template", True, "wrap the prompt in the model's chat template"),
+    _p("profile", "You are the policy of a mobile robot. Read the robot's state log and "
+       "answer with its next action.", "fixed robot profile (system message)"),
+    _p("profile_file", "", "read the profile from this file instead ('' = use `profile`)"),
+    _p("max_chunk_tokens", 1024, "longest chunk in tokens (longer ones are truncated)",
+       min_value=8),
+    _p("context_tokens", 8192, "context maximum of each resource", min_value=256),
+]
+
+RESOURCE = [
+    _p("resource.kind", "openai", "'openai' (HTTP server) or 'local' (in-process engine)",
+       choices=("openai", "local")),
+    _p("resource.urls", ["http://127.0.0.1:8001", "http://127.0.0.1:8002"],
+       "URLs of R1 and R2 (openai); the primary is named by the latest SwapEvent", element=str),
+    _p("resource.served_model", "", "model name the servers answer to ('' = ask the server)"),
+    _p("resource.timeout_s", 30.0, "HTTP timeout of one request", positive=True),
+    _p("resource.threads", 0, "CPU threads of the local engine (0 = default)", min_value=0),
+]
+
+POLICY = TOPICS + STATE + RESOURCE + [
+    _p("task", "Decide the robot's next action in one short line.",
+       "instruction of each periodic query"),
+    _p("rate_hz", 2.0, "decision rate (a query never starts while one is running)",
+       positive=True),
+    _p("max_new_tokens", 48, "tokens generated per decision", min_value=1),
+    _p("stale_instant_s", 10.0, "instant values older than this are left out of the suffix",
+       positive=True),
+    _p("fetch_timeout_s", 5.0, "wait for a GetChunks answer before giving up on a gap",
+       positive=True),
+]
+
+RECONCILER = TOPICS + CHUNKS + STATE + RESOURCE + [
+    _p("tau_mem_tokens", 6144, "static tokens that trigger reconciliation (eviction)",
+       min_value=1),
+    _p("n_catchup_tokens", 256, "catch up while the buffer holds more than this", min_value=0),
+    _p("eviction.policy", "oldest_fraction", "eviction policy",
+       choices=("oldest_fraction", "keep_recent_tokens")),
+    _p("eviction.fraction", 0.5, "oldest_fraction: share of the chunks dropped",
+       positive=True),
+    _p("eviction.keep_tokens", 2048, "keep_recent_tokens: chunk tokens kept", min_value=0),
+    _p("republish_s", 0.0, "re-publish the latest SwapEvent this often (0 = only on swaps)",
+       min_value=0.0),
+]
+
+SCHEMAS: dict[str, list[ParamSpec]] = {"aggregator": AGGREGATOR, "policy": POLICY,
+                                       "reconciler": RECONCILER}
+
+
+def schema(node: str) -> list[ParamSpec]:
+    if node not in SCHEMAS:
+        raise ConfigError(f"unknown node {node!r}; the nodes are {list(SCHEMAS)}")
+    return SCHEMAS[node]
+
+
+def source_schema(name: str) -> list[ParamSpec]:
+    """The specs of one source, with full names `source.<name>.<key>`."""
+    return [ParamSpec(f"source.{name}.{s.name}", s.default, s.description, s.choices,
+                      s.min_value, s.positive, s.required, s.element) for s in SOURCE]
+
+
+# -- validation -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SourceConfig:
+    name: str
+    topic: str
+    type_name: str          # normalized 'pkg/msg/Name'
+    label: str
+    period_s: float
+    instant: bool
+    render: RenderOptions
+
+
+def validate(node: str, values: Mapping[str, Any], *,
+             resolve_type: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """Defaults applied, every value checked; raises ConfigError naming what is wrong.
+
+    For the aggregator the result also holds 'sources': a list of `SourceConfig`
+    (`resolve_type`, when given, must turn a type name into a message class or raise).
+    """
+    specs = schema(node)
+    names = {s.name for s in specs}
+    source_keys = [k for k in values if k.startswith("source.")] if node == "aggregator" else []
+    unknown = [k for k in values if k not in names and k not in source_keys
+               and not k.startswith("qos_overrides.") and k != "use_sim_time"]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, names, n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        msg = f"{node}: unknown parameter(s) {', '.join(hints)}"
+        raise ConfigError(msg)
+    out = {s.name: _check(node, s, values.get(s.name, s.default), s.name in values)
+           for s in specs}
+    if node == "aggregator":
+        out["sources"] = parse_sources(out["sources"], values, resolve_type=resolve_type,
+                                       render_defaults=out)
+    if node in ("policy", "reconciler") and out["resource.kind"] == "openai" \
+            and not out["resource.urls"]:
+        raise ConfigError(f"{node}: resource.urls must name the server URLs of R1 and R2")
+    return out
+
+
+def parse_sources(names: Sequence[str], values: Mapping[str, Any], *,
+                  resolve_type: Callable[[str], Any] | None = None,
+                  render_defaults: Mapping[str, Any] | None = None) -> list[SourceConfig]:
+    render_defaults = render_defaults or {}
+    if not names:
+        raise ConfigError("aggregator: `sources` is empty: list at least one source name and "
+                          "describe it under source.<name> (topic, type)")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"aggregator: `sources` names a source twice: {list(names)}")
+    described = {k.split(".")[1] for k in values if k.startswith("source.") and k.count(".") >= 2}
+    extra = sorted(described - set(names))
+    if extra:
+        msg = (f"aggregator: source.{extra[0]}.* is described but {extra[0]!r} is not in "
+               f"`sources` {list(names)}; add it there or remove the description")
+        raise ConfigError(msg)
+    known = {s.name for s in SOURCE}
+    sources = []
+    for name in names:
+        if not name or "." in name or "/" in name:
+            raise ConfigError(f"aggregator: source name {name!r} must be non-empty and "
+                              "contain neither '.' nor '/'")
+        prefix = f"source.{name}."
+        for key in values:
+            if key.startswith(prefix) and key[len(prefix):] not in known:
+                close = difflib.get_close_matches(key[len(prefix):], known, n=1)
+                hint = f" (did you mean {prefix + close[0]!r}?)" if close else ""
+                raise ConfigError(f"aggregator: unknown parameter {key!r}{hint}")
+        v = {s.name[len(prefix):]: _check("aggregator", s, values.get(s.name, s.default),
+                                          s.name in values)
+             for s in source_schema(name)}
+        try:
+            type_name = normalize_type_name(v["type"])
+        except ConfigError as exc:
+            raise ConfigError(f"aggregator: source.{name}.type: {exc}") from None
+        if resolve_type is not None:
+            try:
+                resolve_type(type_name)
+            except Exception as exc:  # noqa: BLE001 - any failure means "not installed"
+                msg = (f"aggregator: source.{name}.type: message type {type_name!r} is not "
+                       f"available ({type(exc).__name__}: {exc}); is its package installed "
+                       "and the workspace sourced?")
+                raise ConfigError(msg) from None
+        fields = tuple(f.strip() for f in v["fields"].split(",") if f.strip())
+        options = RenderOptions(fields=fields, summarize=v["summarize"],
+                                float_digits=render_defaults.get("float_digits", 3),
+                                max_array=render_defaults.get("max_array", 8),
+                                max_chars=render_defaults.get("max_chars", 2000))
+        sources.append(SourceConfig(name=name, topic=v["topic"], type_name=type_name,
+                                    label=v["label"] or name, period_s=v["period_s"],
+                                    instant=v["instant"], render=options))
+    topics = [s.topic for s in sources]
+    dup = sorted({t for t in topics if topics.count(t) > 1})
+    if dup:
+        raise ConfigError(f"aggregator: topic {dup[0]!r} is listed by two sources")
+    return sources
+
+
+_TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a float",
+               str: "a string", list: "a list"}
+
+
+def _check(node: str, spec: ParamSpec, value: Any, given: bool) -> Any:
+    where = f"{node}: {spec.name}"
+    if spec.required and (not given or value in ("", [], None)):
+        raise ConfigError(f"{where} is missing: {spec.description}")
+    kind = spec.kind
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        # ROS parameters are typed: an integer in the YAML does not set a double parameter.
+        raise ConfigError(f"{where} must be a float: write {value}.0, not {value} "
+                          "(ROS 2 parameters are typed)")
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        msg = f"{where} must be {_TYPE_WORDS[kind]}, got {type(value).__name__} {value!r}"
+        raise ConfigError(msg)
+    if kind is list:
+        element = spec.element or (type(spec.default[0]) if spec.default else str)
+        bad = [x for x in value if not isinstance(x, element)]
+        if bad:
+            raise ConfigError(f"{where} must be a list of {element.__name__}, got {bad[0]!r}")
+    if spec.choices and value not in spec.choices:
+        raise ConfigError(f"{where} must be one of {list(spec.choices)}, got {value!r}")
+    if spec.positive and not value > 0:
+        raise ConfigError(f"{where} must be > 0, got {value}")
+    if spec.min_value is not None and value < spec.min_value:
+        raise ConfigError(f"{where} must be >= {spec.min_value}, got {value}")
+    return value
+
+
+# -- parameter files --------------------------------------------------------------------------
+
+def load_params_file(path: str | Path) -> dict[str, dict[str, Any]]:
+    """{node name: {dotted parameter name: value}} from a ROS 2 parameters YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read parameters file {path}: {exc.strerror}") from None
+    return parse_params_yaml(text, source=str(path))
+
+
+def parse_params_yaml(text: str, *, source: str = "<string>") -> dict[str, dict[str, Any]]:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}: not valid YAML{where}: {problem}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: a parameters file is a mapping of node names, "
+                          f"got {type(doc).__name__}")
+    nodes: dict[str, dict[str, Any]] = {}
+    _collect_nodes(doc, "", nodes, source)
+    if not nodes:
+        raise ConfigError(f"{source}: no `ros__parameters` section found")
+    return nodes
+
+
+def _collect_nodes(tree: Mapping, prefix: str, out: dict, source: str) -> None:
+    for key, value in tree.items():
+        name = f"{prefix}/{str(key).strip('/')}" if prefix else str(key)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {name!r} must hold `ros__parameters:` (or a "
+                              f"namespace of nodes), got {type(value).__name__}")
+        if "ros__parameters" in value:
+            params = value["ros__parameters"]
+            if not isinstance(params, dict):
+                raise ConfigError(f"{source}: {name}.ros__parameters must be a mapping")
+            out[name.strip("/").rsplit("/", 1)[-1]] = _flatten(params)
+        elif all(isinstance(v, dict) for v in value.values()):
+            _collect_nodes(value, name, out, source)
+        else:
+            raise ConfigError(f"{source}: {name!r} has no `ros__parameters:` section; write "
+                              f"{name}: ros__parameters: {{...}}")
+
+
+def _flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def validate_file(path: str | Path, *, resolve_type: Callable[[str], Any] | None = None,
+                  ) -> dict[str, dict[str, Any]]:
+    """Validate every csr_ros node section of a parameters file; other nodes are left alone."""
+    nodes = load_params_file(path)
+    mine = {name: params for name, params in nodes.items() if name in SCHEMAS}
+    if not mine:
+        raise ConfigError(f"{path}: no section for any of the nodes {list(SCHEMAS)}")
+    return {name: validate(name, params, resolve_type=resolve_type)
+            for name, params in mine.items()}
+
+
+# -- QoS matching (what `ros2 topic echo` does) -------------------------------------------------
+
+@dataclass(frozen=True)
+class QosChoice:
+    reliable: bool
+    transient_local: bool
+    matched: bool            # False: no publisher yet, a profile compatible with any was chosen
+
+
+def match_publishers(publishers: Sequence[tuple[bool, bool]]) -> QosChoice:
+    """Subscription QoS from the publishers' (reliable, transient_local) offers.
+
+    Reliable only if every publisher is reliable; transient local only if every publisher is.
+    With no publisher yet: best effort and volatile, which match every publisher (a reliable
+    publisher serves a best-effort subscriber), so nothing is missed while waiting.
+    """
+    if not publishers:
+        return QosChoice(reliable=False, transient_local=False, matched=False)
+    return QosChoice(reliable=all(r for r, _ in publishers),
+                     transient_local=all(t for _, t in publishers), matched=True)
