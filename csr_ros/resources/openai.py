@@ -1,0 +1,492 @@
+"""A resource behind an OpenAI-compatible completions server (vLLM first; SGLang, llama.cpp).
+
+    load(ids)    POST /v1/completions, prompt = ids, max_tokens=1, low priority  (warm-up)
+    extend(ids)  the same with prompt = committed ⊕ ids; the server's prefix cache makes it
+                 cost only the new tokens                                      (catch-up)
+    query(req)   streaming POST /v1/completions with the whole prompt (static ⊕ dynamic);
+                 TTFT is taken on the client at the first streamed token
+
+A server's cache is not visible to its clients, so the committed run is tracked here: it is
+what this object last prefilled successfully. It is an estimate of the server's state, never a
+correctness condition: every request carries its whole prompt, so a server that lost its cache
+(restart, eviction under load) answers the same, only slower.
+
+Prompts travel as token ids where the server accepts them (vLLM, SGLang) and as text otherwise
+(llama-cpp-python rejects id prompts). Text mode needs the CSR state's text mode, whose chunk
+boundaries are chosen so that the server's tokenizer splits the whole string exactly as the
+state split it piece by piece (invariant 1).
+
+HTTP is done with httpx: one client for sync and async code, streaming responses read line by
+line, separate connect and read timeouts, connection pooling, and a maintained, typed code base.
+Only the synchronous client is used here. `trust_env=False` everywhere: a proxy variable in the
+environment must not reroute traffic meant for a server on this host.
+
+Retries: only when the connection cannot be made (connect errors and connect/pool timeouts), with
+exponential backoff, because then the server provably never saw the request. A completion has no
+side effect beyond warming the server's cache, so a repeat would be harmless to the state, but a
+query that failed mid-way is late already: it is reported (ResourceUnavailableError /
+ResourceTimeoutError) and the caller decides. Nothing in the caller's CsrState depends on a
+resource call succeeding.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import httpx
+
+from csr_ros.errors import (ConfigError, ContextOverflowError, CsrError, ResourceError,
+                            ResourceTimeoutError, ResourceUnavailableError, StateMismatchError)
+from csr_ros.resources.base import PrefillResult, QueryResult
+from csr_ros.state import Request
+from csr_ros.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+# httpx logs every request at INFO; at 2 Hz and more that buries everything else.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+DEFAULT_URL = "http://127.0.0.1:8001"
+API_KEY_ENV = "CSR_ROS_API_KEY"
+PROMPT_MODES = ("auto", "tokens", "text")
+TOKENIZER_CHOICES = ("local", "server")
+TOKEN_PROMPT_SERVERS = ("vllm", "sglang")      # servers known to accept token-id prompts
+DEFAULT_CONTEXT_TOKENS = 8192                  # assumed when the server does not say
+# A string with template tokens, digits, units and non-ASCII text: two tokenizers that agree
+# on it are the same tokenizer for every practical purpose here.
+_TOKENIZER_PROBE = "<|im_start|>system\nCSR probe: v=0.25 m/s, 12 Hz, ünïcode ✓ 中文\n<|im_end|>\n"
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    kind: str                      # "vllm" | "sglang" | "llama.cpp" | "openai" (unknown)
+    model: str                     # the model id requests are sent for
+    models: tuple[str, ...]        # every id the server lists
+    context_tokens: int | None     # the server's context maximum, when it reports one
+
+
+class OpenAIResource:
+    """`make_resource("openai", url=..., **options)`; see the module docstring."""
+
+    def __init__(self, url: str = DEFAULT_URL, *, name: str = "openai", model: str | None = None,
+                 api_key: str | None = None, prompt_mode: str = "auto",
+                 tokenizer: str | Tokenizer = "local", model_dir: str | Path | None = None,
+                 max_context_tokens: int | None = None, tau_mem_tokens: int | None = None,
+                 headroom_tokens: int = 1024, priority_scheduling: bool = False,
+                 prefill_priority: int = 10, connect_timeout_s: float = 5.0,
+                 read_timeout_s: float = 300.0, retries: int = 2, backoff_s: float = 0.5,
+                 temperature: float = 0.0, seed: int | None = 0, check_health: bool = True):
+        if prompt_mode not in PROMPT_MODES:
+            raise ConfigError(f"prompt_mode must be one of {PROMPT_MODES}, got {prompt_mode!r}")
+        if isinstance(tokenizer, str) and tokenizer not in TOKENIZER_CHOICES:
+            raise ConfigError(f"tokenizer must be one of {TOKENIZER_CHOICES} or a Tokenizer, "
+                              f"got {tokenizer!r}")
+        if retries < 0 or backoff_s < 0 or headroom_tokens < 0:
+            raise ConfigError("retries, backoff_s and headroom_tokens must be >= 0")
+        self.url = url.rstrip("/")
+        self.name = name
+        self.model = model
+        self.prompt_mode_config = prompt_mode
+        self.tau_mem_tokens = tau_mem_tokens
+        self.headroom_tokens = headroom_tokens
+        self.priority_scheduling = priority_scheduling
+        self.prefill_priority = prefill_priority
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.temperature = temperature
+        self.seed = seed
+        self._configured_context = max_context_tokens
+        self.max_context_tokens = max_context_tokens or DEFAULT_CONTEXT_TOKENS
+        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        self._api_key = api_key
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=self._timeout,
+                                    trust_env=False)
+        self._tokenizer_choice = tokenizer
+        self._model_dir = model_dir
+        self._tokenizer: Tokenizer | None = tokenizer if not isinstance(tokenizer, str) else None
+        self._lock = threading.RLock()
+        self._committed_ids: tuple[int, ...] = ()
+        self._committed_text: str | None = ""
+        self.info: ServerInfo | None = None
+        self.prompt_mode: str | None = None if prompt_mode == "auto" else prompt_mode
+        if check_health:
+            self.check_health()
+
+    # -- what callers read -----------------------------------------------------------------
+
+    @property
+    def n_committed(self) -> int:
+        return len(self._committed_ids)
+
+    @property
+    def state_mode(self) -> str:
+        """The CsrState mode that fits this resource: 'text' when prompts travel as text."""
+        return "text" if self._resolved_prompt_mode() == "text" else "token"
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer to build the CsrState with (local files, or the server's own)."""
+        if self._tokenizer is None:
+            if self._tokenizer_choice == "server":
+                from csr_ros.resources.remote_tokenizer import RemoteTokenizer
+
+                self._tokenizer = RemoteTokenizer(self.url, model=self.model,
+                                                  model_dir=self._metadata_dir(),
+                                                  api_key=self._api_key)
+            else:
+                from csr_ros.tokenizer import HFTokenizer
+
+                self._tokenizer = HFTokenizer(self._metadata_dir())
+        return self._tokenizer
+
+    # -- health ----------------------------------------------------------------------------
+
+    def check_health(self) -> ServerInfo:
+        """Reachable, serving the expected model, with enough context; tokenizers agree.
+
+        Raises ResourceUnavailableError with what is wrong and what to do about it.
+        """
+        models = self._get_json("/v1/models", what="list the served models")
+        entries = [m for m in models.get("data", []) if isinstance(m, dict)]
+        ids = tuple(str(m.get("id")) for m in entries)
+        owners = {str(m.get("owned_by", "")) for m in entries}
+        props = self._get_json("/props", what="read /props", missing_ok=True)
+        if "vllm" in owners:
+            kind = "vllm"
+        elif "sglang" in owners:
+            kind = "sglang"
+        elif props is not None and "default_generation_settings" in props:
+            kind = "llama.cpp"
+        else:
+            kind = "openai"
+        if self.model is not None and self.model not in ids:
+            msg = (f"{self.url} serves {list(ids)}, not {self.model!r}: wrong server or port, "
+                   "or pass model= with one of those ids")
+            raise ResourceUnavailableError(msg)
+        if self.model is None:
+            if len(ids) != 1:
+                msg = f"{self.url} serves {list(ids) or 'no model'}; pass model= to choose one"
+                raise ResourceUnavailableError(msg)
+            self.model = ids[0]
+        context = _server_context_tokens(entries, self.model, props)
+        if context is not None:
+            self.max_context_tokens = min(context, self._configured_context or context)
+        elif self._configured_context is None:
+            log.warning("%s does not report its context size; assuming %d tokens "
+                        "(pass max_context_tokens= to say)", self.url, self.max_context_tokens)
+        if self.tau_mem_tokens is not None:
+            needed = self.tau_mem_tokens + self.headroom_tokens
+            if needed > self.max_context_tokens:
+                msg = (f"{self.url} has a context of {self.max_context_tokens} tokens, shorter "
+                       f"than tau_mem + headroom = {self.tau_mem_tokens} + "
+                       f"{self.headroom_tokens} = {needed}: start the server with a longer "
+                       "context (vLLM --max-model-len, llama.cpp n_ctx) or lower tau_mem")
+                raise ResourceUnavailableError(msg)
+        self.info = ServerInfo(kind=kind, model=self.model, models=ids, context_tokens=context)
+        self._check_tokenizer_agrees()
+        log.info("%s: %s at %s serves %s, context %s, prompts as %s", self.name, kind, self.url,
+                 self.model, context, self._resolved_prompt_mode())
+        return self.info
+
+    def _check_tokenizer_agrees(self) -> None:
+        """A local tokenizer must split text as the server does, or prefixes never match."""
+        if self._tokenizer_choice == "server":
+            return
+        from csr_ros.resources.remote_tokenizer import RemoteTokenizer
+
+        try:
+            remote = RemoteTokenizer(self.url, model=self.model, special_tokens=(),
+                                     client=self._client)
+            server_ids = remote.encode_template(_TOKENIZER_PROBE)
+        except (ConfigError, ResourceError) as exc:
+            log.debug("%s: cannot compare tokenizers (%s)", self.url, exc)
+            return
+        local_ids = self.tokenizer.encode_template(_TOKENIZER_PROBE)
+        if local_ids != server_ids:
+            msg = (f"the local tokenizer ({self._metadata_dir()}) splits text differently from "
+                   f"the server at {self.url} ({self.model!r}): it serves another model. "
+                   "Pass model_dir= of the served model, or tokenizer='server'")
+            raise ResourceUnavailableError(msg)
+
+    # -- warm-up and catch-up (prefill only) -------------------------------------------------
+
+    def load(self, ids: Sequence[int], text: str | None = None) -> PrefillResult:
+        """Replace the committed run: prefill `ids` (or `text`, in text mode), decode nothing."""
+        ids = tuple(ids)
+        with self._lock:
+            seconds = self._prefill(ids, text)
+            self._committed_ids, self._committed_text = ids, text
+            return PrefillResult(n_tokens=len(ids), seconds=seconds, n_committed=len(ids))
+
+    def extend(self, ids: Sequence[int], text: str | None = None) -> PrefillResult:
+        """Append to the committed run. The whole run is sent; the server reuses its prefix."""
+        ids = tuple(ids)
+        with self._lock:
+            full_ids = self._committed_ids + ids
+            full_text = None
+            if text is not None and self._committed_text is not None:
+                full_text = self._committed_text + text
+            seconds = self._prefill(full_ids, full_text)
+            self._committed_ids, self._committed_text = full_ids, full_text
+            return PrefillResult(n_tokens=len(ids), seconds=seconds, n_committed=len(full_ids))
+
+    def _prefill(self, ids: tuple[int, ...], text: str | None) -> float:
+        self._ensure_checked()
+        self._check_fits(len(ids) + 1)
+        body = self._body(self._prompt(ids, text), max_tokens=1, stop=())
+        if self.priority_scheduling:
+            body["priority"] = self.prefill_priority      # larger = later (vLLM)
+        started = time.monotonic()
+        response = self._send(body, stream=False)
+        try:
+            payload = _json(response, self.url)
+        finally:
+            response.close()
+        if "error" in payload:
+            raise _error_from_body(payload, self.url)
+        return time.monotonic() - started
+
+    # -- the hot path ------------------------------------------------------------------------
+
+    def query(self, request: Request, *, max_new_tokens: int,
+              stop: Sequence[str] = ()) -> QueryResult:
+        with self._lock:
+            self._ensure_checked()
+            n_extended = self._n_extended(request)
+            self._check_fits(len(request.ids) + max_new_tokens)
+            body = self._body(self._prompt(request.ids, request.text),
+                              max_tokens=max_new_tokens, stop=stop)
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+            pieces: list[str] = []
+            token_ids: list[int] = []
+            usage: dict = {}
+            finish_reason = "length"
+            first_token_at: float | None = None
+            started = time.monotonic()
+            response = self._send(body, stream=True)
+            try:
+                for event in self._events(response, n_received=lambda: len(pieces)):
+                    usage = event.get("usage") or usage
+                    for choice in event.get("choices") or ():
+                        if first_token_at is None:
+                            first_token_at = time.monotonic()   # TTFT: the one place it is taken
+                        pieces.append(choice.get("text") or "")
+                        token_ids.extend(choice.get("token_ids") or ())
+                        finish_reason = choice.get("finish_reason") or finish_reason
+            finally:
+                response.close()
+            ended = time.monotonic()
+            if first_token_at is None:
+                msg = f"{self.url} ended the stream without a token (usage {usage or 'none'})"
+                raise ResourceUnavailableError(msg)
+            self._committed_ids, self._committed_text = request.static_ids, request.static_text
+            text = "".join(pieces)
+            if not token_ids and text:
+                token_ids = self.tokenizer.encode_template(text)   # the server sent text only
+            details = usage.get("prompt_tokens_details") or {}
+            return QueryResult(text=text, token_ids=tuple(token_ids),
+                               ttft_s=first_token_at - started, decode_s=ended - first_token_at,
+                               n_prompt=int(usage.get("prompt_tokens") or len(request.ids)),
+                               n_extended=n_extended, cached_tokens=details.get("cached_tokens"),
+                               finish_reason="stop" if finish_reason == "stop" else "length",
+                               resource=self.name)
+
+    def close(self) -> None:
+        close = getattr(self._tokenizer, "close", None)
+        if close is not None:
+            close()
+        self._client.close()
+
+    def __enter__(self) -> "OpenAIResource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- request building --------------------------------------------------------------------
+
+    def _resolved_prompt_mode(self) -> str:
+        if self.prompt_mode is None:
+            self._ensure_checked()
+            self.prompt_mode = "tokens" if self.info.kind in TOKEN_PROMPT_SERVERS else "text"
+        return self.prompt_mode
+
+    def _prompt(self, ids: Sequence[int], text: str | None) -> list[int] | str:
+        if self._resolved_prompt_mode() == "tokens":
+            return list(ids)
+        if text is None:
+            msg = (f"{self.name}: {self.url} takes prompts as text, and this call carries none: "
+                   "build the CsrState with mode='text' (resource.state_mode) and pass its text")
+            raise ConfigError(msg)
+        return text
+
+    def _body(self, prompt: list[int] | str, *, max_tokens: int, stop: Sequence[str]) -> dict:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": int(max_tokens),
+                "temperature": self.temperature, "stop": list(stop)}
+        if self.seed is not None:
+            body["seed"] = self.seed
+        if self.info is not None and self.info.kind == "vllm":
+            body["return_token_ids"] = True                 # vLLM-only: generated ids per chunk
+        return body
+
+    def _n_extended(self, request: Request) -> int:
+        n = len(self._committed_ids)
+        if request.static_ids[:n] != self._committed_ids:
+            msg = (f"{self.name}: the request (version {request.version}) does not extend the "
+                   f"{n} committed tokens; load() the state it was built against first")
+            raise StateMismatchError(msg)
+        return len(request.static_ids) - n
+
+    def _check_fits(self, n_tokens: int) -> None:
+        if n_tokens > self.max_context_tokens:
+            msg = (f"{self.name}: {n_tokens} tokens exceed the context of "
+                   f"{self.max_context_tokens} at {self.url}; evict (ASR) before this point")
+            raise ContextOverflowError(msg)
+
+    def _ensure_checked(self) -> None:
+        if self.info is None:
+            self.check_health()
+
+    def _metadata_dir(self) -> Path:
+        if self._model_dir is not None:
+            return Path(self._model_dir)
+        from csr_ros.model_store import resolve_model_dir
+
+        return resolve_model_dir(weights=False)
+
+    # -- HTTP --------------------------------------------------------------------------------
+
+    def _send(self, body: dict, *, stream: bool) -> httpx.Response:
+        """POST /v1/completions; retried only while no connection could be made."""
+        request = self._client.build_request("POST", "/v1/completions", json=body)
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._client.send(request, stream=stream)
+                break
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                if attempt == self.retries:
+                    msg = (f"{self.name}: cannot reach {self.url} after {attempt + 1} attempts "
+                           f"({type(exc).__name__}: {exc})")
+                    raise ResourceUnavailableError(msg) from None
+                delay_s = self.backoff_s * 2 ** attempt
+                log.warning("%s: %s unreachable (%s); retrying in %.1f s", self.name, self.url,
+                            type(exc).__name__, delay_s)
+                time.sleep(delay_s)
+            except httpx.TimeoutException as exc:
+                raise ResourceTimeoutError(f"{self.name}: {self.url} did not answer in time "
+                                           f"({type(exc).__name__})") from None
+            except httpx.HTTPError as exc:
+                msg = f"{self.name}: request to {self.url} failed ({type(exc).__name__}: {exc})"
+                raise ResourceUnavailableError(msg) from None
+        if response.status_code != 200:
+            try:
+                detail = response.read().decode("utf-8", errors="replace")
+            finally:
+                response.close()
+            raise _error_from_status(response.status_code, detail, self.url)
+        return response
+
+    def _events(self, response: httpx.Response, *, n_received) -> Iterator[dict]:
+        """Server-sent events of one streamed completion, until `data: [DONE]`."""
+        try:
+            for line in response.iter_lines():
+                if not line.startswith("data:"):
+                    continue                      # blank separators, ": ping" comments
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                event = json.loads(data)
+                if "error" in event:
+                    raise _error_from_body(event, self.url)
+                yield event
+        except httpx.TimeoutException:
+            msg = (f"{self.name}: {self.url} went silent mid-stream after {n_received()} "
+                   "streamed pieces")
+            raise ResourceTimeoutError(msg) from None
+        except httpx.HTTPError as exc:
+            msg = (f"{self.name}: the stream from {self.url} broke after {n_received()} "
+                   f"streamed pieces ({type(exc).__name__}: {exc}); the server may have died")
+            raise ResourceUnavailableError(msg) from None
+        except json.JSONDecodeError as exc:
+            raise ResourceError(f"{self.name}: {self.url} sent a malformed event: {exc}") from None
+        msg = f"{self.name}: the stream from {self.url} ended without [DONE]"
+        raise ResourceUnavailableError(msg)
+
+    def _get_json(self, path: str, *, what: str, missing_ok: bool = False) -> dict | None:
+        try:
+            response = self._client.get(path)
+        except httpx.TimeoutException as exc:
+            raise ResourceTimeoutError(f"{self.url}{path}: no answer in time ({exc})") from None
+        except httpx.HTTPError as exc:
+            msg = (f"{self.name}: cannot reach {self.url} to {what} ({type(exc).__name__}: "
+                   f"{exc}). Is the server running? On this machine: "
+                   "`csr-ros serve llamacpp --port 8001`; on a GPU server: "
+                   "`csr-ros serve vllm --config config/vllm.yaml`")
+            raise ResourceUnavailableError(msg) from None
+        if response.status_code in (401, 403):
+            msg = (f"{self.url} refused the API key (HTTP {response.status_code}): "
+                   f"set api_key= or ${API_KEY_ENV}")
+            raise ResourceUnavailableError(msg)
+        if response.status_code != 200:
+            if missing_ok:
+                return None
+            raise _error_from_status(response.status_code, response.text, self.url)
+        try:
+            return response.json()
+        except json.JSONDecodeError:
+            if missing_ok:
+                return None
+            raise ResourceUnavailableError(f"{self.url}{path} did not answer JSON") from None
+
+
+def _server_context_tokens(entries: list[dict], model: str, props: dict | None) -> int | None:
+    """vLLM lists max_model_len per model; llama.cpp servers say n_ctx in /props."""
+    for entry in entries:
+        if entry.get("id") == model and isinstance(entry.get("max_model_len"), int):
+            return entry["max_model_len"]
+    if props:
+        n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+        if isinstance(n_ctx, int) and n_ctx > 0:
+            return n_ctx
+    return None
+
+
+def _json(response: httpx.Response, url: str) -> dict:
+    try:
+        return json.loads(response.read())
+    except httpx.TimeoutException:
+        raise ResourceTimeoutError(f"{url} did not finish the answer in time") from None
+    except httpx.HTTPError as exc:
+        raise ResourceUnavailableError(f"the answer from {url} broke off ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ResourceError(f"{url} answered something that is not JSON: {exc}") from None
+
+
+def _error_from_status(status: int, detail: str, url: str) -> CsrError:
+    detail = detail.strip()[:500]
+    if "context" in detail.lower() and ("length" in detail.lower() or "window" in detail.lower()):
+        return ContextOverflowError(f"{url} refused the prompt as too long: {detail}")
+    if status in (401, 403):
+        return ResourceUnavailableError(f"{url} refused the API key (HTTP {status}): set "
+                                        f"api_key= or ${API_KEY_ENV}")
+    if status == 404:
+        return ResourceUnavailableError(f"{url}: not found (HTTP 404; wrong model or not an "
+                                        f"OpenAI-compatible server): {detail}")
+    if status >= 500:
+        return ResourceUnavailableError(f"{url} failed (HTTP {status}): {detail}")
+    return ResourceError(f"{url} rejected the request (HTTP {status}): {detail}")
+
+
+def _error_from_body(payload: dict, url: str) -> CsrError:
+    error = payload.get("error")
+    detail = error.get("message", str(error)) if isinstance(error, dict) else str(error)
+    return _error_from_status(400, detail, url)

@@ -1,0 +1,84 @@
+"""A real OpenAI-compatible server for tests: llama-cpp-python serving the SmolLM2 GGUF.
+
+    from llama_server import llama_server, fresh_llama_server  # noqa: F401  (fixtures)
+
+    def test_something(llama_server):
+        resource = make_resource("openai", url=llama_server.url)
+
+`llama_server` is one server per test session (loopback, a free port, n_ctx 8192, one
+thread); `fresh_llama_server` is one per test, for tests that kill and restart it. Both skip
+with the reason when llama-cpp-python or the model is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from csr_ros.servers import LOOPBACK, ManagedServer, free_port, llamacpp_command
+
+N_CTX_TOKENS = 8192
+THREADS = int(os.environ.get("CSR_ROS_TEST_THREADS", "1"))
+MODEL_ALIAS = "smollm2"
+
+
+class LlamaServer:
+    """A handle on one server process; `kill()` and `start()` keep the same port."""
+
+    def __init__(self, gguf: Path, log_path: Path):
+        self.port = free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        self.log_path = log_path
+        self._server = ManagedServer(
+            name=f"llama.cpp:{self.port}", url=self.url, log_path=log_path,
+            command=llamacpp_command(gguf, port=self.port, n_ctx=N_CTX_TOKENS,
+                                     n_threads=THREADS, model_alias=MODEL_ALIAS))
+
+    def start(self) -> "LlamaServer":
+        self._server.start(timeout_s=120.0)
+        return self
+
+    def kill(self) -> None:
+        self._server.kill()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._server.running
+
+
+def _gguf_or_skip() -> Path:
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed: pip install 'llama-cpp-python[server]'")
+    for module in ("uvicorn", "fastapi", "sse_starlette", "starlette_context"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"llama-cpp-python's server extra is missing ({module}): "
+                        "pip install 'llama-cpp-python[server]'")
+    from csr_ros.errors import ModelNotFoundError
+    from csr_ros.model_store import default_gguf_path
+
+    try:
+        return default_gguf_path()
+    except ModelNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory):
+    server = LlamaServer(_gguf_or_skip(), tmp_path_factory.mktemp("llama") / "server.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fresh_llama_server(tmp_path):
+    server = LlamaServer(_gguf_or_skip(), tmp_path / "server.log")
+    server.start()
+    yield server
+    server.stop()
