@@ -1,0 +1,150 @@
+"""The policy's fold of csr/chunks and csr/swaps: gap-free, late joiners catch up, swaps evict."""
+
+from __future__ import annotations
+
+import pytest
+
+from csr_ros.chunklog import ChunkRecord, VersionRecord, rebuild_state
+from csr_ros.chunks import ChunkPolicy
+from csr_ros.errors import ConfigError
+from csr_ros.layout import Layout
+from csr_ros.model_store import resolve_model_dir
+from csr_ros.policy_core import ChunkEvent, FetchRequest, StateFold, SwapEvent
+from csr_ros.state import CsrState
+from csr_ros.tokenizer import HFTokenizer
+
+PROFILE = "You are the policy of a test robot."
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return HFTokenizer(resolve_model_dir(weights=False))
+
+
+@pytest.fixture(scope="module")
+def layout(tokenizer):
+    return Layout.from_tokenizer(tokenizer)
+
+
+def new_state(tokenizer, layout, **kw):
+    return CsrState(tokenizer=tokenizer, layout=layout, profile=PROFILE,
+                    policy=ChunkPolicy(oversize="truncate", max_chunk_tokens=64), **kw)
+
+
+def event(seq: int, text: str | None = None) -> ChunkEvent:
+    return ChunkEvent(seq=seq, source="odom", stamp_ns=1_000 + seq,
+                      text=text or f"odom: x_m={seq * 0.5} y_m=1")
+
+
+@pytest.fixture
+def fold(tokenizer, layout):
+    return StateFold(new_state(tokenizer, layout))
+
+
+def test_chunks_in_order_are_appended_with_their_seq(fold):
+    for seq in range(3):
+        assert fold.on_chunk(event(seq)) is None
+    assert [c.seq for c in fold.state.chunks] == [0, 1, 2]
+    assert fold.state.chunks[1].text == "odom: x_m=0.5 y_m=1\n"
+
+
+def test_a_duplicate_is_ignored_and_counted(fold):
+    fold.on_chunk(event(0))
+    fold.on_chunk(event(0))
+    assert len(fold.state.chunks) == 1 and fold.counters.duplicates == 1
+
+
+def test_a_gap_asks_for_the_missing_range_once_and_holds_later_chunks(fold):
+    fold.on_chunk(event(0))
+    assert fold.on_chunk(event(3)) == FetchRequest(start_seq=1, end_seq=3)
+    assert fold.on_chunk(event(4)) is None          # a fetch is already running
+    assert fold.next_seq == 1 and fold.n_held == 2
+    assert fold.on_fetched([event(2), event(1)], first_available_seq=0) is None
+    assert [c.seq for c in fold.state.chunks] == [0, 1, 2, 3, 4]
+    assert fold.n_held == 0 and fold.counters.lost == 0
+
+
+def test_a_late_joiner_fetches_everything_before_its_first_live_chunk(fold):
+    assert fold.on_chunk(event(5)) == FetchRequest(start_seq=0, end_seq=5)
+    fold.on_fetched([event(s) for s in range(5)], first_available_seq=0)
+    assert [c.seq for c in fold.state.chunks] == [0, 1, 2, 3, 4, 5]
+
+
+def test_chunks_the_aggregator_no_longer_has_are_skipped_and_counted(fold):
+    fold.on_chunk(event(10))
+    assert fold.on_fetched([event(7), event(8), event(9)], first_available_seq=7) is None
+    assert [c.seq for c in fold.state.chunks] == [7, 8, 9, 10]
+    assert fold.counters.lost == 7
+
+
+def test_a_partial_answer_asks_for_the_rest(fold):
+    fold.on_chunk(event(6))
+    request = fold.on_fetched([event(0), event(1)], first_available_seq=0)  # max_chunks cut it
+    assert request == FetchRequest(start_seq=2, end_seq=6)
+
+
+def test_a_gap_nobody_can_fill_is_given_up_after_retries(fold):
+    fold.on_chunk(event(2))
+    assert fold.on_fetch_failed() == FetchRequest(0, 2)
+    assert fold.on_fetch_failed() == FetchRequest(0, 2)
+    assert fold.on_fetch_failed() is None
+    assert [c.seq for c in fold.state.chunks] == [2] and fold.counters.lost == 2
+
+
+def test_a_swap_evicts_old_chunks_and_sets_version_and_primary(fold):
+    for seq in range(6):
+        fold.on_chunk(event(seq))
+    assert fold.on_swap(SwapEvent(version=1, primary="r2", primary_url="http://b:8002",
+                                  evicted_before_seq=3, caught_up_to_seq=5))
+    assert [c.seq for c in fold.state.chunks] == [3, 4, 5]
+    assert (fold.version, fold.primary, fold.primary_url) == (1, "r2", "http://b:8002")
+    fold.on_chunk(event(6))
+    assert fold.next_seq == 7
+
+
+def test_a_stale_or_repeated_swap_changes_nothing(fold):
+    fold.on_swap(SwapEvent(version=2, primary="r1", evicted_before_seq=0))
+    assert not fold.on_swap(SwapEvent(version=1, primary="r2", evicted_before_seq=0))
+    assert fold.version == 2 and fold.primary == "r1" and fold.counters.stale_swaps == 1
+
+
+def test_the_initial_swap_event_names_the_primary_without_a_new_version(fold):
+    assert not fold.on_swap(SwapEvent(version=0, primary="r1", primary_url="http://a:8001"))
+    assert fold.primary_url == "http://a:8001"
+
+
+def test_a_restarted_node_learns_the_version_first_and_fetches_only_live_chunks(fold):
+    fold.on_swap(SwapEvent(version=3, primary="r2", evicted_before_seq=40))
+    assert fold.next_seq == 40
+    assert fold.on_chunk(event(43)) == FetchRequest(start_seq=40, end_seq=43)
+    fold.on_fetched([event(40), event(41), event(42)], first_available_seq=0)
+    assert [c.seq for c in fold.state.chunks] == [40, 41, 42, 43]
+
+
+def test_the_fold_gives_the_same_tokens_as_the_chunk_log_rebuild(fold, tokenizer, layout):
+    for seq in range(8):
+        fold.on_chunk(event(seq))
+    fold.on_swap(SwapEvent(version=1, primary="r2", evicted_before_seq=4))
+    fold.on_chunk(event(8))
+    records = [ChunkRecord(seq=seq, source="odom", stamp_ns=1_000 + seq, text=event(seq).text + "\n")
+               for seq in range(8)]
+    records.append(VersionRecord(version=1, first_seq=4, next_seq=8, reason="swap"))
+    records.append(ChunkRecord(seq=8, source="odom", stamp_ns=1_008, text=event(8).text + "\n"))
+    rebuilt = rebuild_state(records, new_state(tokenizer, layout))
+    assert fold.state.static_ids == rebuilt.static_ids
+    assert fold.version == rebuilt.version
+
+
+def test_text_the_chunk_policy_refuses_becomes_a_placeholder_keeping_seq(tokenizer, layout):
+    state = CsrState(tokenizer=tokenizer, layout=layout, profile=PROFILE,
+                     policy=ChunkPolicy(oversize="truncate", invalid_utf8="reject"))
+    fold = StateFold(state)
+    fold.on_chunk(event(0, text="   "))
+    assert fold.state.chunks[0].text == "odom: [chunk 0 refused]\n"
+    assert fold.counters.rejected == 1 and fold.next_seq == 1
+
+
+def test_a_splitting_chunk_policy_is_refused(tokenizer, layout):
+    state = CsrState(tokenizer=tokenizer, layout=layout, profile=PROFILE)
+    with pytest.raises(ConfigError, match="must not split chunks"):
+        StateFold(state)

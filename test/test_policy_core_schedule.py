@@ -1,0 +1,86 @@
+"""Query scheduling at rate_hz with skipped ticks, the dynamic suffix, and diagnostics."""
+
+from __future__ import annotations
+
+import pytest
+
+from csr_ros.chunks import ChunkPolicy
+from csr_ros.errors import ConfigError
+from csr_ros.layout import Layout
+from csr_ros.model_store import resolve_model_dir
+from csr_ros.policy_core import (ERROR, OK, WARN, ChunkEvent, InstantValue, QueryScheduler,
+                                 QueryStats, StateFold, build_suffix, diagnose)
+from csr_ros.resources.base import QueryResult
+from csr_ros.state import CsrState
+from csr_ros.tokenizer import HFTokenizer
+
+S = 1_000_000_000
+
+
+def result(ttft_s: float, cached: int | None = 90) -> QueryResult:
+    return QueryResult(text="stop", token_ids=(1,), ttft_s=ttft_s, decode_s=0.1, n_prompt=100,
+                       n_extended=4, cached_tokens=cached, finish_reason="stop", resource="r1")
+
+
+def test_a_tick_starts_a_query_only_when_none_is_running():
+    s = QueryScheduler(rate_hz=2.0)
+    assert s.period_s == 0.5
+    assert s.tick()
+    assert not s.tick() and not s.tick()         # the query takes longer than two periods
+    s.finish(ok=True)
+    assert s.tick()
+    assert (s.ticks, s.started, s.skipped, s.finished) == (4, 2, 2, 1)
+
+
+def test_on_demand_queries_share_the_slot_and_do_not_count_as_skipped_ticks():
+    s = QueryScheduler(rate_hz=2.0)
+    assert s.try_start()
+    assert not s.try_start()
+    s.finish(ok=False)
+    assert (s.skipped, s.failed) == (0, 1)
+
+
+def test_rate_must_be_positive():
+    with pytest.raises(ConfigError, match="rate_hz must be > 0"):
+        QueryScheduler(rate_hz=0.0)
+
+
+def test_suffix_has_the_time_and_fresh_instant_values_sorted_with_their_age():
+    instant = {"task": InstantValue("task", "task: data=kitchen", stamp_ns=9 * S),
+               "battery": InstantValue("battery", "battery: percent=81", stamp_ns=int(9.5 * S)),
+               "old": InstantValue("old", "old: data=x", stamp_ns=0)}
+    assert build_suffix(instant, now_ns=10 * S, stale_s=5.0) == (
+        "now: stamp_ns=10000000000 utc=1970-01-01T00:00:10Z\n"
+        "battery: percent=81 age_s=0.5\n"
+        "task: data=kitchen age_s=1.0")
+
+
+@pytest.fixture(scope="module")
+def fold():
+    tokenizer = HFTokenizer(resolve_model_dir(weights=False))
+    state = CsrState(tokenizer=tokenizer, layout=Layout.from_tokenizer(tokenizer), profile="p",
+                     policy=ChunkPolicy(oversize="truncate"))
+    f = StateFold(state)
+    f.on_chunk(ChunkEvent(seq=0, source="odom", stamp_ns=0, text="odom: x_m=1"))
+    return f
+
+
+def test_diagnostics_report_ttft_cache_hits_and_version(fold):
+    s, stats = QueryScheduler(rate_hz=2.0), QueryStats()
+    stats.record(result(0.2), version=0)
+    stats.record(result(0.3, cached=None), version=0)   # not reported: left out of the ratio
+    d = diagnose(fold, s, stats)
+    values = dict(d.values)
+    assert d.level == OK
+    assert values["ttft_s"] == "0.300" and values["ttft_mean_s"] == "0.250"
+    assert values["cache_hit_ratio"] == "0.900"
+    assert values["version"] == "0" and values["chunks"] == "1"
+
+
+def test_diagnostics_warn_when_ttft_exceeds_the_period_and_error_on_failure(fold):
+    s, stats = QueryScheduler(rate_hz=2.0), QueryStats()
+    stats.record(result(0.8), version=0)
+    assert diagnose(fold, s, stats).level == WARN
+    stats.record_error("connection refused")
+    d = diagnose(fold, s, stats)
+    assert d.level == ERROR and "connection refused" in d.message
