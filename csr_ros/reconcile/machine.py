@@ -1,0 +1,589 @@
+"""Asynchronous state reconciliation (ASR) as a pure state machine: events in, commands out.
+
+Algorithm 1 of the CSR paper, with concurrent queries routed by version:
+
+    IDLE ──static ≥ tau_mem──▶ DRAIN ──secondary idle──▶ WARM ──done──▶ CATCHUP ─┐
+      ▲                                  ▲                  │fail        ▲   │    │ buffer > n_catchup
+      │                                  └── RETRY ◀────────┘            └───┘◀───┘
+      └──────────── swap (buffer ≤ n_catchup tokens folded into the new state) ◀──┘
+
+- Every state has a version; a query is built against the active version and routed to the
+  resource that holds it. Resources run their commands first in, first out, so a query routed
+  before a reload is answered before it.
+- X_E = evict(active) is derived when the static part reaches `tau_mem_tokens`; the secondary is
+  loaded with X_E while the primary keeps serving the full current state. Chunks arriving
+  meanwhile go to the active state and to the catch-up buffer.
+- Catch-up extends the secondary with the whole buffer while it holds more than
+  `n_catchup_tokens`; then the swap is atomic: the remaining buffer is folded into the new state
+  (the first query after the swap prefills it), and the old primary keeps the old version for
+  stragglers until the next cycle, which waits for them to finish before reloading it.
+- A threshold crossing during a reconciliation is never lost: the check runs again after the
+  swap, so it starts the next cycle at once.
+- If a chunk would push the active context past `max_context_tokens - reserve_tokens`, the
+  reconciliation is abandoned and the primary evicts synchronously (a counted fallback).
+- A failed warm-up or catch-up is retried with exponential backoff; a failed primary is replaced
+  by the secondary, loaded with the current state (failover).
+
+Pure: no threads, no clocks (times arrive in events as `now_s`), no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence, Union
+
+from csr_ros.errors import ConfigError, ContextOverflowError
+from csr_ros.eviction import EvictionPolicy, drop_oldest_fraction
+from csr_ros.state import Chunk, CsrState, QueryId, Request, Seq, Version
+
+MODES = ("asr", "sync", "unordered")
+
+
+@dataclass(frozen=True)
+class ReconcileConfig:
+    tau_mem_tokens: int
+    max_context_tokens: int
+    reserve_tokens: int = 256          # dynamic part + generated tokens of one query
+    n_catchup_tokens: int = 64
+    mode: str = "asr"                  # asr | sync (evict on the primary) | unordered (no reuse)
+    retry_base_s: float = 0.5
+    retry_max_s: float = 8.0
+    warm_timeout_s: float | None = None
+    rate_halflife_s: float = 10.0      # smoothing of the token arrival rate
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ConfigError(f"reconcile mode must be one of {MODES}, got {self.mode!r}")
+        if self.tau_mem_tokens <= 0 or self.n_catchup_tokens < 0 or self.reserve_tokens < 0:
+            raise ConfigError("tau_mem_tokens must be > 0, n_catchup_tokens and reserve_tokens >= 0")
+        if self.tau_mem_tokens + self.reserve_tokens > self.max_context_tokens:
+            msg = (f"tau_mem_tokens ({self.tau_mem_tokens}) + reserve_tokens "
+                   f"({self.reserve_tokens}) exceed max_context_tokens "
+                   f"({self.max_context_tokens}): lower tau_mem or raise the context")
+            raise ConfigError(msg)
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"
+    DRAIN = "drain"          # X_E derived; waiting for the secondary's stragglers to finish
+    WARM = "warm"            # secondary loading X_E
+    CATCHUP = "catchup"      # secondary extending with buffered chunks
+    RETRY = "retry"          # a warm-up or catch-up failed; waiting for the backoff timer
+
+
+# -- events -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChunkArrived:
+    chunk: Chunk
+    now_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class QueryStarted:
+    task: str
+    suffix: str = ""
+    max_new_tokens: int = 0
+    now_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class QueryFinished:
+    query_id: QueryId
+    ok: bool
+    now_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class OpFinished:
+    """A Load or Extend command finished (`n_tokens` prefilled in `seconds`)."""
+
+    op_id: int
+    ok: bool
+    n_tokens: int = 0
+    seconds: float = 0.0
+    now_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TimerFired:
+    timer_id: int
+    now_s: float = 0.0
+
+
+Event = Union[ChunkArrived, QueryStarted, QueryFinished, OpFinished, TimerFired]
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Load:
+    """Replace what `resource` has committed by `ids` (a full prefill)."""
+
+    op_id: int
+    resource: str
+    version: Version
+    ids: tuple[int, ...]
+    purpose: str                       # start | warm | evict | failover
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Extend:
+    """Append `ids` (chunks first_seq..last_seq) to what `resource` has committed."""
+
+    op_id: int
+    resource: str
+    version: Version
+    ids: tuple[int, ...]
+    first_seq: Seq
+    last_seq: Seq
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Route:
+    """Answer `request` on `resource`; `cold`: discard the resource's cache first (baseline)."""
+
+    resource: str
+    request: Request
+    cold: bool = False
+
+
+@dataclass(frozen=True)
+class StartTimer:
+    timer_id: int
+    delay_s: float
+
+
+@dataclass(frozen=True)
+class VersionChanged:
+    """A new version is active: chunks before `first_seq` were evicted by policy."""
+
+    version: Version
+    first_seq: Seq
+    next_seq: Seq
+    reason: str                        # swap | sync | fallback | failover
+    primary: str
+    committed_ids: tuple[int, ...] = ()  # swap: what the new primary holds, token for token
+
+
+@dataclass(frozen=True)
+class Notice:
+    level: str                         # info | warning
+    message: str
+
+
+Command = Union[Load, Extend, Route, StartTimer, VersionChanged, Notice]
+
+
+# -- bookkeeping --------------------------------------------------------------------------------
+
+@dataclass
+class ResourceSlot:
+    name: str
+    holds: Version | None = None       # version whose static run this resource holds (or will)
+    inflight: set[QueryId] = field(default_factory=set)
+    ops: set[int] = field(default_factory=set)
+    failed: bool = False
+
+
+@dataclass
+class Counters:
+    cycles_started: int = 0
+    cycles: int = 0                    # completed evictions (swap, sync eviction or fallback)
+    swaps: int = 0
+    sync_evictions: int = 0
+    fallbacks: int = 0
+    retries: int = 0
+    failovers: int = 0
+    queries: int = 0
+    failed_queries: int = 0
+    chunks_in: int = 0
+    catchup_steps: int = 0
+
+
+@dataclass(frozen=True)
+class Viability:
+    """Paper eq. 54: warm-up and catch-up must finish before the primary's context is full."""
+
+    arrival_tokens_per_s: float | None
+    warm_tokens_per_s: float | None
+    catchup_tokens_per_s: float | None
+    context_left_tokens: int
+    time_to_full_s: float | None       # (N_max - |T|) / arrival rate
+    dt_warm_s: float | None
+    dt_recon_s: float | None
+    headroom_s: float | None           # time_to_full_s - (dt_warm_s + dt_recon_s)
+
+
+class Reconciliation:
+    """The ASR machine over one or two named resources. Feed it events with `handle`."""
+
+    def __init__(self, state: CsrState, resources: Sequence[str], config: ReconcileConfig,
+                 *, policy: EvictionPolicy = drop_oldest_fraction):
+        if config.mode == "asr" and len(resources) != 2:
+            raise ConfigError(f"ASR needs two resources, got {len(resources)}")
+        if config.mode != "asr" and len(resources) < 1:
+            raise ConfigError("the baselines need one resource")
+        if len(set(resources)) != len(resources):
+            raise ConfigError(f"resource names must differ, got {list(resources)}")
+        self.config = config
+        self.policy = policy
+        self.active = state
+        self.slots = {name: ResourceSlot(name) for name in resources}
+        self.primary = resources[0]
+        self.secondary = resources[1] if len(resources) > 1 else None
+        self.phase = Phase.IDLE
+        self.pending: CsrState | None = None   # X_E plus caught-up chunks (next version)
+        self.buffer: list[Chunk] = []          # arrived since X_E, not yet sent to the secondary
+        self.counters = Counters()
+        self.evicted_seqs: list[Seq] = []      # dropped by policy, in order
+        self.queries: dict[QueryId, tuple[Version, str]] = {}
+        self._op_ids = itertools.count(1)
+        self._timer_ids = itertools.count(1)
+        self._warm_op: int | None = None       # the secondary's current reconciliation op
+        self._retry_timer: int | None = None
+        self._primary_op: int | None = None    # a reload of the primary (start/evict/failover)
+        self._primary_retry_timer: int | None = None
+        self._primary_failures = 0
+        self._warm_failures = 0
+        self._next_version = Version(state.version + 1)
+        self._window_started_s: float | None = None
+        self._arrival: _Rate = _Rate(config.rate_halflife_s)
+        self._warm_rate: float | None = None
+        self._catchup_rate: float | None = None
+
+    # -- public view ---------------------------------------------------------------------------
+
+    @property
+    def reconciling(self) -> bool:
+        """True inside a reconciliation window (X_E derived, swap not done yet)."""
+        return self.phase is not Phase.IDLE
+
+    @property
+    def buffer_tokens(self) -> int:
+        return sum(c.n_tokens for c in self.buffer)
+
+    def viability(self) -> Viability:
+        cfg = self.config
+        left = cfg.max_context_tokens - cfg.reserve_tokens - self.active.n_static
+        arrival = self._arrival.value
+        to_full = left / arrival if arrival else None
+        n_evicted = self.pending.n_static if self.pending is not None else self._evicted_estimate()
+        dt_warm = n_evicted / self._warm_rate if self._warm_rate else None
+        dt_recon = None
+        if dt_warm is not None and self._catchup_rate and arrival is not None:
+            if self._catchup_rate > arrival:
+                dt_recon = arrival * dt_warm / (self._catchup_rate - arrival)
+            else:
+                dt_recon = float("inf")
+        headroom = None
+        if to_full is not None and dt_warm is not None and dt_recon is not None:
+            headroom = to_full - (dt_warm + dt_recon)
+        return Viability(arrival_tokens_per_s=arrival, warm_tokens_per_s=self._warm_rate,
+                         catchup_tokens_per_s=self._catchup_rate, context_left_tokens=left,
+                         time_to_full_s=to_full, dt_warm_s=dt_warm, dt_recon_s=dt_recon,
+                         headroom_s=headroom)
+
+    # -- events --------------------------------------------------------------------------------
+
+    def start(self) -> list[Command]:
+        """Load the primary with the current state (before the first query)."""
+        return self._reload_primary("start")
+
+    def handle(self, event: Event) -> list[Command]:
+        if isinstance(event, ChunkArrived):
+            return self._on_chunk(event)
+        if isinstance(event, QueryStarted):
+            return self._on_query_started(event)
+        if isinstance(event, QueryFinished):
+            return self._on_query_finished(event)
+        if isinstance(event, OpFinished):
+            return self._on_op_finished(event)
+        if isinstance(event, TimerFired):
+            return self._on_timer(event)
+        raise TypeError(f"not a reconciliation event: {event!r}")
+
+    def _on_chunk(self, ev: ChunkArrived) -> list[Command]:
+        chunk = ev.chunk
+        cmds: list[Command] = []
+        limit = self.config.max_context_tokens - self.config.reserve_tokens
+        if self.active.n_static + chunk.n_tokens > limit:
+            cmds += self._fallback(chunk.n_tokens, limit)
+        self.active.append(chunk)          # raises ChunkOrderError on a gap, nothing changed
+        self.counters.chunks_in += 1
+        self._arrival.add(chunk.n_tokens, ev.now_s)
+        if self.pending is not None:
+            self.buffer.append(chunk)
+        cmds += self._maybe_start_cycle(ev.now_s)
+        return cmds
+
+    def _on_query_started(self, ev: QueryStarted) -> list[Command]:
+        request = self.active.build_request(task=ev.task, suffix=ev.suffix)
+        need = request.n_static + request.n_dynamic + ev.max_new_tokens
+        if need > self.config.max_context_tokens:
+            msg = (f"query needs {need} tokens (static {request.n_static}, dynamic "
+                   f"{request.n_dynamic}, new {ev.max_new_tokens}) over max_context_tokens "
+                   f"{self.config.max_context_tokens}: raise reserve_tokens to cover the "
+                   "dynamic part and the answer")
+            raise ContextOverflowError(msg)
+        slot = self.slots[self.primary]
+        assert slot.holds == request.version, (
+            f"primary {slot.name} holds version {slot.holds}, request is v{request.version}")
+        slot.inflight.add(request.query_id)
+        self.queries[request.query_id] = (request.version, slot.name)
+        self.counters.queries += 1
+        return [Route(resource=slot.name, request=request, cold=self.config.mode == "unordered")]
+
+    def _on_query_finished(self, ev: QueryFinished) -> list[Command]:
+        _, name = self.queries.pop(ev.query_id)
+        slot = self.slots[name]
+        slot.inflight.discard(ev.query_id)
+        cmds: list[Command] = []
+        if not ev.ok:
+            self.counters.failed_queries += 1
+            if name == self.primary:
+                cmds += self._primary_failed(f"query {ev.query_id} failed on {name}", ev.now_s)
+            else:
+                slot.holds = None          # a straggler failed: its cache is unknown now
+                slot.failed = True
+        elif name == self.primary:
+            self._primary_failures = 0
+        cmds += self._try_warm(ev.now_s)
+        return cmds
+
+    def _on_op_finished(self, ev: OpFinished) -> list[Command]:
+        for slot in self.slots.values():
+            slot.ops.discard(ev.op_id)
+        if ev.op_id == self._primary_op:
+            self._primary_op = None
+            if ev.ok:
+                self._primary_failures = 0
+                self.slots[self.primary].failed = False
+                return self._maybe_start_cycle(ev.now_s) + self._try_warm(ev.now_s)
+            return self._primary_failed(f"reloading {self.primary} failed", ev.now_s)
+        if ev.op_id != self._warm_op:
+            return self._try_warm(ev.now_s)    # stale: its reconciliation was abandoned
+        self._warm_op = None
+        slot = self.slots[self.secondary]
+        if not ev.ok:
+            what = "warm-up" if self.phase is Phase.WARM else "catch-up"
+            slot.holds, slot.failed = None, True
+            self.counters.retries += 1
+            self._warm_failures += 1
+            delay_s = min(self.config.retry_max_s,
+                          self.config.retry_base_s * 2 ** (self._warm_failures - 1))
+            self.phase = Phase.RETRY
+            self._retry_timer = next(self._timer_ids)
+            return [Notice("warning", f"{what} of v{self.pending.version} on {slot.name} failed; "
+                                      f"retry {self._warm_failures} in {delay_s:.1f} s"),
+                    StartTimer(self._retry_timer, delay_s)]
+        slot.failed = False
+        self._warm_failures = 0
+        rate = ev.n_tokens / ev.seconds if ev.seconds > 0 and ev.n_tokens > 0 else None
+        if self.phase is Phase.WARM:
+            self._warm_rate = _smooth(self._warm_rate, rate)
+        else:
+            self._catchup_rate = _smooth(self._catchup_rate, rate)
+            self.counters.catchup_steps += 1
+        self.phase = Phase.CATCHUP
+        return self._catch_up_or_swap(ev.now_s)
+
+    def _on_timer(self, ev: TimerFired) -> list[Command]:
+        if ev.timer_id == self._retry_timer and self.phase is Phase.RETRY:
+            self._retry_timer = None
+            self.phase = Phase.DRAIN
+            return self._try_warm(ev.now_s)
+        if ev.timer_id == self._primary_retry_timer:
+            self._primary_retry_timer = None
+            return self._reload_primary("failover")
+        return []
+
+    # -- the cycle -----------------------------------------------------------------------------
+
+    def _maybe_start_cycle(self, now_s: float) -> list[Command]:
+        if self.phase is not Phase.IDLE or self.active.n_static < self.config.tau_mem_tokens:
+            return []
+        n_drop = self.policy(self.active.chunk_tokens)
+        if n_drop == 0:
+            return [Notice("warning", "static part over tau_mem but the eviction policy drops "
+                                      "nothing; the context bound will force a fallback")]
+        self.counters.cycles_started += 1
+        if self.config.mode != "asr":
+            self.counters.sync_evictions += 1
+            return self._activate(self._derive(n_drop), "sync",
+                                  reload=self.config.mode == "sync")
+        self.pending = self._derive(n_drop)
+        self.buffer = []
+        self.phase = Phase.DRAIN
+        self._window_started_s = now_s
+        return self._try_warm(now_s)
+
+    def _try_warm(self, now_s: float) -> list[Command]:
+        if self.phase is not Phase.DRAIN:
+            return []
+        slot = self.slots[self.secondary]
+        if slot.inflight:
+            return []                      # stragglers of the old version are still running
+        slot.holds = self.pending.version
+        self._warm_op = op_id = next(self._op_ids)
+        slot.ops.add(op_id)
+        self.phase = Phase.WARM
+        return [Load(op_id=op_id, resource=slot.name, version=self.pending.version,
+                     ids=tuple(self.pending.static_ids), purpose="warm",
+                     timeout_s=self.config.warm_timeout_s)]
+
+    def _catch_up_or_swap(self, now_s: float) -> list[Command]:
+        if self.buffer_tokens > self.config.n_catchup_tokens:
+            chunks, self.buffer = self.buffer, []
+            ids: list[int] = []
+            for chunk in chunks:
+                self.pending.append(chunk)
+                ids.extend(chunk.token_ids)
+            slot = self.slots[self.secondary]
+            self._warm_op = op_id = next(self._op_ids)
+            slot.ops.add(op_id)
+            return [Extend(op_id=op_id, resource=slot.name, version=self.pending.version,
+                           ids=tuple(ids), first_seq=chunks[0].seq, last_seq=chunks[-1].seq,
+                           timeout_s=self.config.warm_timeout_s)]
+        return self._swap(now_s)
+
+    def _swap(self, now_s: float) -> list[Command]:
+        new = self.pending
+        committed_ids = tuple(new.static_ids)
+        new.mark_prefilled()               # i* of the next query is measured against this
+        for chunk in self.buffer:          # the last <= n_catchup tokens: the next query prefills
+            new.append(chunk)
+        self.pending, self.buffer = None, []
+        self.phase = Phase.IDLE
+        self._warm_op = None
+        self._window_started_s = None
+        self.counters.swaps += 1
+        self.primary, self.secondary = self.secondary, self.primary
+        cmds = self._activate(new, "swap", reload=False, committed_ids=committed_ids)
+        return cmds + self._maybe_start_cycle(now_s)
+
+    # -- degraded paths ------------------------------------------------------------------------
+
+    def _fallback(self, n_tokens: int, limit: int) -> list[Command]:
+        """The context is full before reconciliation finished: evict on the primary now."""
+        chunk_tokens = self.active.chunk_tokens
+        n_drop = self.policy(chunk_tokens)
+        while n_drop < len(chunk_tokens) and \
+                self.active.n_static - sum(chunk_tokens[:n_drop]) + n_tokens > limit:
+            n_drop += 1
+        if self.active.n_static - sum(chunk_tokens[:n_drop]) + n_tokens > limit:
+            msg = (f"a {n_tokens}-token chunk does not fit in max_context_tokens "
+                   f"{self.config.max_context_tokens} even with every chunk evicted; "
+                   "lower max_chunk_tokens or reserve_tokens")
+            raise ContextOverflowError(msg)
+        abandoned = self.phase is not Phase.IDLE
+        self._abandon()
+        self.counters.fallbacks += 1
+        cmds: list[Command] = [Notice("warning", (
+            f"context full at {self.active.n_static} static tokens "
+            f"({'reconciliation still running' if abandoned else 'no reconciliation running'});"
+            f" evicting {n_drop} chunks synchronously on {self.primary} (fallback "
+            f"{self.counters.fallbacks})"))]
+        return cmds + self._activate(self._derive(n_drop), "fallback", reload=True)
+
+    def _primary_failed(self, why: str, now_s: float) -> list[Command]:
+        self._primary_failures += 1
+        slot = self.slots[self.primary]
+        slot.failed = True
+        if self._primary_op is not None or self._primary_retry_timer is not None:
+            return [Notice("warning", f"{why}; {self.primary} is being recovered")]
+        if self.secondary is not None and self._primary_failures == 1:
+            self._abandon()
+            self.counters.failovers += 1
+            self.primary, self.secondary = self.secondary, self.primary
+            self.slots[self.secondary].holds = None
+            return [Notice("warning", f"{why}; failing over to {self.primary}")] + \
+                self._activate(self._derive(0), "failover", reload=True)
+        self.counters.retries += 1
+        delay_s = min(self.config.retry_max_s,
+                      self.config.retry_base_s * 2 ** (self._primary_failures - 1))
+        self._primary_retry_timer = next(self._timer_ids)
+        return [Notice("warning", f"{why}; reloading {self.primary} in {delay_s:.1f} s"),
+                StartTimer(self._primary_retry_timer, delay_s)]
+
+    def _abandon(self) -> None:
+        if self.pending is not None and self.secondary is not None:
+            self.slots[self.secondary].holds = None
+        self.pending, self.buffer = None, []
+        self.phase = Phase.IDLE
+        self._warm_op = self._retry_timer = None
+        self._window_started_s = None
+
+    # -- versions ------------------------------------------------------------------------------
+
+    def _derive(self, n_drop: int) -> CsrState:
+        new = self.active.evicted(n_drop)
+        new.version = self._next_version
+        self._next_version = Version(self._next_version + 1)
+        return new
+
+    def _activate(self, new: CsrState, reason: str, *, reload: bool,
+                  committed_ids: tuple[int, ...] = ()) -> list[Command]:
+        first_seq = new.chunks[0].seq if new.chunks else new.next_seq
+        self.evicted_seqs.extend(c.seq for c in self.active.chunks if c.seq < first_seq)
+        assert new.version > self.active.version, "versions only increase"
+        self.active = new
+        self.counters.cycles += reason != "failover"
+        self.slots[self.primary].holds = new.version
+        cmds: list[Command] = [VersionChanged(version=new.version, first_seq=first_seq,
+                                              next_seq=new.next_seq, reason=reason,
+                                              primary=self.primary, committed_ids=committed_ids)]
+        if reload:
+            cmds += self._reload_primary(reason)
+        return cmds
+
+    def _reload_primary(self, purpose: str) -> list[Command]:
+        slot = self.slots[self.primary]
+        slot.holds = self.active.version
+        self.active.mark_prefilled()
+        self._primary_op = op_id = next(self._op_ids)
+        slot.ops.add(op_id)
+        return [Load(op_id=op_id, resource=slot.name, version=self.active.version,
+                     ids=tuple(self.active.static_ids), purpose=purpose)]
+
+    def _evicted_estimate(self) -> int:
+        n_drop = self.policy(self.active.chunk_tokens)
+        return self.active.n_static - sum(self.active.chunk_tokens[:n_drop])
+
+
+class _Rate:
+    """Tokens per second over a sliding exponential window."""
+
+    def __init__(self, halflife_s: float):
+        self.halflife_s = halflife_s
+        self._first_s: float | None = None
+        self._last_s: float | None = None
+        self._tokens = 0.0
+
+    def add(self, n_tokens: int, now_s: float) -> None:
+        if self._first_s is None:
+            self._first_s = self._last_s = now_s
+            self._tokens = float(n_tokens)
+            return
+        dt = max(0.0, now_s - self._last_s)
+        self._tokens = self._tokens * 0.5 ** (dt / self.halflife_s) + n_tokens
+        self._last_s = now_s
+
+    @property
+    def value(self) -> float | None:
+        if self._first_s is None or self._last_s <= self._first_s:
+            return None
+        span_s = self._last_s - self._first_s
+        # the decayed sum over an exponential window of effective length halflife/ln2
+        window_s = self.halflife_s / 0.6931471805599453 * (1 - 0.5 ** (span_s / self.halflife_s))
+        return self._tokens / window_s if window_s > 0 else None
+
+
+def _smooth(old: float | None, new: float | None, weight: float = 0.5) -> float | None:
+    if new is None:
+        return old
+    return new if old is None else (1 - weight) * old + weight * new

@@ -1,0 +1,289 @@
+"""The ASR machine under random interleavings of chunks, queries, warm-ups, catch-ups, faults,
+timers and restarts (invariants 2, 3 and 4 of DESIGN.md).
+
+The resources are simulated as first-in-first-out executors of the machine's commands that
+track the token ids they have committed and the version those ids belong to; that is the
+environment the pure machine is specified against.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from csr_ros.chunklog import ChunkRecord, VersionRecord, rebuild_state
+from csr_ros.errors import ChunkOrderError, ConfigError
+from csr_ros.layout import Layout
+from csr_ros.model_store import resolve_model_dir
+from csr_ros.reconcile.machine import (ChunkArrived, Extend, Load, Notice, OpFinished, Phase,
+                                       QueryFinished, QueryStarted, ReconcileConfig,
+                                       Reconciliation, Route, StartTimer, TimerFired,
+                                       VersionChanged)
+from csr_ros.state import CsrState
+from csr_ros.tokenizer import HFTokenizer
+
+TOKENIZER = HFTokenizer(resolve_model_dir(weights=False))
+LAYOUT = Layout.from_tokenizer(TOKENIZER)
+PROFILE = "You are a mobile robot. Actions: wait, look, go(room), pick(object)."
+WORDS = ["cup", "table", "kitchen", "x=1.25", "Alice", "says", "hello", "door", "open", "42"]
+MAX_NEW_TOKENS = 4
+
+
+def new_state() -> CsrState:
+    return CsrState(tokenizer=TOKENIZER, layout=LAYOUT, profile=PROFILE)
+
+
+@dataclass
+class SimResource:
+    """Executes commands in order; holds committed ids tagged with their version."""
+
+    name: str
+    max_context_tokens: int
+    queue: deque = field(default_factory=deque)
+    committed: list[int] = field(default_factory=list)
+    tag: int | None = None
+    alive: bool = True
+
+
+class ReconcileMachineModel(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.machine: Reconciliation | None = None
+
+    @initialize(mode=st.sampled_from(["asr", "asr", "asr", "sync", "unordered"]),
+                tau=st.integers(min_value=60, max_value=240),
+                n_catchup=st.sampled_from([0, 8, 40]),
+                slack=st.integers(min_value=0, max_value=200))
+    def setup(self, mode, tau, n_catchup, slack):
+        reserve = 48
+        self.config = ReconcileConfig(tau_mem_tokens=tau, n_catchup_tokens=n_catchup,
+                                      reserve_tokens=reserve, mode=mode,
+                                      max_context_tokens=tau + reserve + 40 + slack)
+        names = ["r1", "r2"] if mode == "asr" else ["r1"]
+        self.sims = {n: SimResource(n, self.config.max_context_tokens) for n in names}
+        self.timers: set[int] = set()
+        self.records: list = []
+        self.sent_seqs: list[int] = []
+        self.last_version = -1
+        self.expect_i_star: int | None = None
+        self.now_s = 0.0
+        self.machine = Reconciliation(new_state(), names, self.config)
+        self.run(self.machine.start())
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def run(self, commands):
+        for cmd in commands:
+            if isinstance(cmd, (Load, Extend)):
+                self.sims[cmd.resource].queue.append(cmd)
+            elif isinstance(cmd, Route):
+                self.sims[cmd.resource].queue.append(cmd)
+                if self.expect_i_star is not None:
+                    assert cmd.request.i_star == self.expect_i_star, \
+                        "the first query after a swap starts right after what the new primary holds"
+                    self.expect_i_star = None
+            elif isinstance(cmd, StartTimer):
+                assert cmd.delay_s > 0
+                event("retry timer")
+                self.timers.add(cmd.timer_id)
+            elif isinstance(cmd, VersionChanged):
+                assert cmd.version > self.last_version, "versions only increase"
+                self.last_version = cmd.version
+                event(f"version change: {cmd.reason}")
+                self.records.append(VersionRecord(cmd.version, cmd.first_seq, cmd.next_seq,
+                                                  cmd.reason))
+                self.expect_i_star = None
+                if cmd.reason == "swap":
+                    sim = self.sims[cmd.primary]
+                    assert not sim.queue, "nothing is queued on the new primary at the swap"
+                    assert tuple(sim.committed) == cmd.committed_ids, \
+                        "the new primary holds exactly X_E plus the caught-up chunks"
+                    assert sim.tag == cmd.version
+                    self.expect_i_star = len(cmd.committed_ids)
+            else:
+                assert isinstance(cmd, Notice)
+
+    def step(self, event):
+        self.now_s += 0.1
+        self.run(self.machine.handle(event))
+
+    # -- rules ---------------------------------------------------------------------------------
+
+    @rule(n_words=st.integers(min_value=4, max_value=24), pick=st.randoms(use_true_random=False))
+    def chunk_arrives(self, n_words, pick):
+        text = " ".join(pick.choice(WORDS) for _ in range(n_words))
+        for chunk in self.machine.active.make_chunks(text, source="sim", stamp_ns=len(self.sent_seqs)):
+            self.records.append(ChunkRecord(chunk.seq, chunk.source, chunk.stamp_ns, chunk.text))
+            self.sent_seqs.append(chunk.seq)
+            self.step(ChunkArrived(chunk, now_s=self.now_s))
+
+    @rule()
+    def query_starts(self):
+        self.step(QueryStarted(task="Pick the next action.", max_new_tokens=MAX_NEW_TOKENS,
+                               now_s=self.now_s))
+
+    @precondition(lambda self: any(s.queue for s in self.sims.values()))
+    @rule(which=st.integers(min_value=0, max_value=1), ok=st.sampled_from([True] * 12 + [False]))
+    def resource_finishes_its_next_command(self, which, ok):
+        busy = [s for s in self.sims.values() if s.queue]
+        sim = busy[which % len(busy)]
+        cmd = sim.queue.popleft()
+        ok = ok and (sim.alive or isinstance(cmd, Load))
+        if isinstance(cmd, Load):
+            if ok:
+                sim.committed, sim.tag, sim.alive = list(cmd.ids), cmd.version, True
+                assert len(sim.committed) <= sim.max_context_tokens
+            else:
+                sim.committed, sim.tag, sim.alive = [], None, False
+            self.step(OpFinished(cmd.op_id, ok, n_tokens=len(cmd.ids), seconds=1.0,
+                                 now_s=self.now_s))
+        elif isinstance(cmd, Extend):
+            if ok:
+                assert sim.tag == cmd.version, "catch-up extends the version it warmed"
+                sim.committed.extend(cmd.ids)
+                assert len(sim.committed) <= sim.max_context_tokens
+            else:
+                sim.committed, sim.tag, sim.alive = [], None, False
+            self.step(OpFinished(cmd.op_id, ok, n_tokens=len(cmd.ids), seconds=0.5,
+                                 now_s=self.now_s))
+        else:
+            request = cmd.request
+            if ok:
+                if cmd.cold:                 # the baseline reloads everything per query
+                    sim.committed, sim.tag = [], request.version
+                assert sim.tag == request.version, \
+                    f"query of v{request.version} answered by {sim.name} holding v{sim.tag}"
+                n = len(sim.committed)
+                assert list(request.static_ids[:n]) == sim.committed, \
+                    "the request extends exactly what the resource has committed"
+                sim.committed = list(request.static_ids)
+                assert len(request.ids) + MAX_NEW_TOKENS <= sim.max_context_tokens
+            else:
+                sim.committed, sim.tag, sim.alive = [], None, False
+            self.step(QueryFinished(request.query_id, ok, now_s=self.now_s))
+
+    @precondition(lambda self: bool(self.timers))
+    @rule(data=st.data())
+    def timer_fires(self, data):
+        timer_id = data.draw(st.sampled_from(sorted(self.timers)))
+        self.timers.discard(timer_id)
+        self.step(TimerFired(timer_id, now_s=self.now_s))
+
+    @rule()
+    def process_restarts_from_its_log(self):
+        rebuilt = rebuild_state(self.records, new_state())
+        assert rebuilt.static_ids == self.machine.active.static_ids, \
+            "the log rebuilds the active state token for token"
+        assert rebuilt.version == self.machine.active.version
+        names = list(self.sims)
+        self.sims = {n: SimResource(n, self.config.max_context_tokens) for n in names}
+        self.timers.clear()
+        self.expect_i_star = None
+        self.machine = Reconciliation(rebuilt, names, self.config)
+        self.run(self.machine.start())
+
+    # -- invariants ----------------------------------------------------------------------------
+
+    @invariant()
+    def nothing_is_lost_duplicated_or_reordered(self):
+        if self.machine is None:
+            return
+        active = [c.seq for c in self.machine.active.chunks]
+        evicted = self._evicted_so_far()
+        assert evicted == sorted(set(evicted)), "evictions are in order and never repeat"
+        assert evicted + active == self.sent_seqs, "every chunk is active or evicted by policy"
+
+    @invariant()
+    def the_context_bound_holds(self):
+        if self.machine is None:
+            return
+        cfg = self.config
+        assert self.machine.active.n_static + cfg.reserve_tokens <= cfg.max_context_tokens
+        if self.machine.pending is not None:
+            assert self.machine.pending.n_static <= self.machine.active.n_static
+
+    @invariant()
+    def the_primary_holds_the_active_version(self):
+        if self.machine is None:
+            return
+        m = self.machine
+        assert m.slots[m.primary].holds == m.active.version
+        if m.phase is Phase.IDLE:
+            assert m.pending is None and not m.buffer
+
+    def _evicted_so_far(self) -> list[int]:
+        first = min((c.seq for c in self.machine.active.chunks),
+                    default=self.machine.active.next_seq)
+        return [s for s in self.sent_seqs if s < first]
+
+
+ReconcileMachineModel.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=100, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+test_reconcile_machine_keeps_every_invariant_under_random_interleavings = \
+    ReconcileMachineModel.TestCase
+
+
+def test_machine_evicted_seqs_match_what_left_the_active_state():
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=400, reserve_tokens=48,
+                             n_catchup_tokens=0, mode="sync")
+    machine = Reconciliation(new_state(), ["r1"], config)
+    machine.start()
+    seqs = []
+    for i in range(40):
+        for chunk in machine.active.make_chunks(f"camera sees cup {i} on table", source="c",
+                                                stamp_ns=i):
+            seqs.append(chunk.seq)
+            machine.handle(ChunkArrived(chunk))
+    active = [c.seq for c in machine.active.chunks]
+    assert machine.counters.sync_evictions >= 2
+    assert machine.evicted_seqs + active == seqs
+
+
+def test_machine_starts_the_next_cycle_when_the_threshold_was_crossed_during_a_reconciliation():
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=1000, reserve_tokens=48,
+                             n_catchup_tokens=0)
+    machine = Reconciliation(new_state(), ["r1", "r2"], config)
+    (start,) = machine.start()
+    machine.handle(OpFinished(start.op_id, True))
+    commands = []
+    while machine.phase is Phase.IDLE:
+        (chunk,) = machine.active.make_chunks("lidar front 1.25 m left 0.75 m", source="l",
+                                              stamp_ns=0)
+        commands += machine.handle(ChunkArrived(chunk))
+    (warm,) = [c for c in commands if isinstance(c, Load)]
+    # While R2 warms, enough chunks arrive for the *next* threshold crossing as well.
+    while machine.active.n_static < 2 * config.tau_mem_tokens:
+        (chunk,) = machine.active.make_chunks("person Alice says: bring the cup", source="a",
+                                              stamp_ns=0)
+        assert not machine.handle(ChunkArrived(chunk)), "no second cycle while one is running"
+    commands = machine.handle(OpFinished(warm.op_id, True, n_tokens=len(warm.ids), seconds=1.0))
+    (extend,) = [c for c in commands if isinstance(c, Extend)]
+    commands = machine.handle(OpFinished(extend.op_id, True, n_tokens=len(extend.ids),
+                                         seconds=0.5))
+    swaps = [c for c in commands if isinstance(c, VersionChanged)]
+    assert [s.reason for s in swaps] == ["swap"]
+    assert machine.active.n_static >= config.tau_mem_tokens
+    assert machine.phase is Phase.WARM, "the crossing during the last cycle starts the next one"
+    assert machine.counters.cycles_started == 2
+
+
+def test_machine_rejects_a_chunk_out_of_order_and_changes_nothing():
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=400)
+    machine = Reconciliation(new_state(), ["r1", "r2"], config)
+    chunks = machine.active.make_chunks("a b c", source="s", stamp_ns=0)
+    chunks = machine.active.make_chunks("d e f", source="s", stamp_ns=0)  # seq 0 again
+    machine.handle(ChunkArrived(chunks[0]))
+    with pytest.raises(ChunkOrderError, match="expected 1"):
+        machine.handle(ChunkArrived(chunks[0]))
+    assert [c.seq for c in machine.active.chunks] == [0]
+
+
+def test_machine_config_refuses_a_threshold_that_cannot_fit_the_context():
+    with pytest.raises(ConfigError, match="exceed max_context_tokens"):
+        ReconcileConfig(tau_mem_tokens=4000, max_context_tokens=4096, reserve_tokens=256)
