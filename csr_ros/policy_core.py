@@ -1,7 +1,8 @@
 """What the policy node does, without ROS: fold events into a CsrState, schedule queries,
 build the dynamic suffix, summarise health.
 
-    StateFold        csr/chunks + csr/swaps → CsrState, gap-free; asks for missing chunks
+    SeqOrderer       chunk events in any order → gap-free; asks for missing ranges
+    StateFold        csr/chunks + csr/swaps → CsrState (the policy's view of the state)
     QueryScheduler   ticks at rate_hz; never starts a query while one runs; counts skips
     build_suffix     latest 'instant' values + the current time → X_suffix
     diagnose         counters and the last result → (level, message, key/values)
@@ -61,32 +62,145 @@ class FetchRequest:
 
 # -- the fold -----------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Lost:
+    """Seqs start_seq <= seq < end_seq will never arrive (the aggregator no longer has them)."""
+
+    start_seq: int
+    end_seq: int
+
+
 @dataclass
-class FoldCounters:
-    appended: int = 0
-    duplicates: int = 0          # seq already folded (or evicted): ignored
+class OrderCounters:
+    delivered: int = 0
+    duplicates: int = 0          # seq already delivered (or evicted): ignored
     buffered: int = 0            # arrived ahead of a gap, held until the gap is filled
     fetches: int = 0
     fetch_failures: int = 0
-    lost: int = 0                # seqs given up on (the aggregator no longer had them)
-    rejected: int = 0            # text the chunk policy refused (counted, logged by the node)
+    lost: int = 0                # seqs given up on
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one input produced: in-order items to apply, and a range to fetch (if any)."""
+
+    items: tuple[ChunkEvent | Lost, ...] = ()
+    fetch: FetchRequest | None = None
+
+
+class SeqOrderer:
+    """Chunk events in any order → a gap-free sequence; gaps become fetch requests.
+
+    An event with the expected seq is delivered at once, with any held ones that follow it.
+    One that arrives early is held and the missing range is requested (one request at a time).
+    When the answer comes, seqs the aggregator no longer has are given up as `Lost`, so a late
+    joiner always converges and the loss is visible.
+    """
+
+    def __init__(self, next_seq: int = 0, *, max_held: int = 100_000, max_fetch_attempts: int = 3):
+        self.next_seq = next_seq
+        self.max_held = max_held
+        self.max_fetch_attempts = max_fetch_attempts
+        self.counters = OrderCounters()
+        self._held: dict[int, ChunkEvent] = {}
+        self._fetching: FetchRequest | None = None
+        self._attempts = 0
+
+    @property
+    def n_held(self) -> int:
+        return len(self._held)
+
+    @property
+    def fetching(self) -> FetchRequest | None:
+        return self._fetching
+
+    def offer(self, event: ChunkEvent) -> Step:
+        if event.seq < self.next_seq or event.seq in self._held:
+            self.counters.duplicates += 1
+            return Step()
+        items: list = []
+        if len(self._held) >= self.max_held and event.seq > self.next_seq:
+            # a gap that never fills must not grow memory without bound: give it up
+            items += self._skip_to(min(self._held))
+        self._held[event.seq] = event
+        if event.seq > self.next_seq:
+            self.counters.buffered += 1
+        items += self._drain()
+        return Step(tuple(items), self._request_gap())
+
+    def fetched(self, events: Sequence[ChunkEvent], first_available_seq: int) -> Step:
+        """The GetChunks answer: events (any order) and the oldest seq the aggregator has."""
+        self._fetching, self._attempts = None, 0
+        for event in events:
+            if event.seq >= self.next_seq and event.seq not in self._held:
+                self._held[event.seq] = event
+        items = self._drain()
+        if self._held and self.next_seq < first_available_seq:
+            items += self._skip_to(min(first_available_seq, min(self._held)))
+        return Step(tuple(items), self._request_gap())
+
+    def fetch_failed(self) -> Step:
+        """GetChunks did not answer (timeout, no service): retry, then give the gap up."""
+        self.counters.fetch_failures += 1
+        self._fetching = None
+        self._attempts += 1
+        items: list = []
+        if self._attempts >= self.max_fetch_attempts and self._held:
+            self._attempts = 0
+            items = self._skip_to(min(self._held))
+        return Step(tuple(items), self._request_gap())
+
+    def advance_to(self, seq: int) -> Step:
+        """Seqs before `seq` are no longer wanted (evicted): drop them, held or missing."""
+        for held in [s for s in self._held if s < seq]:
+            del self._held[held]
+        self.next_seq = max(self.next_seq, seq)
+        return Step(tuple(self._drain()), self._request_gap())
+
+    def gap(self) -> FetchRequest | None:
+        return self._request_gap()
+
+    def _drain(self) -> list[ChunkEvent]:
+        out = []
+        while self.next_seq in self._held:
+            out.append(self._held.pop(self.next_seq))
+            self.next_seq += 1
+            self.counters.delivered += 1
+        return out
+
+    def _skip_to(self, seq: int) -> list:
+        items: list = []
+        if seq > self.next_seq:
+            items.append(Lost(self.next_seq, seq))
+            self.counters.lost += seq - self.next_seq
+            self.next_seq = seq
+        return items + self._drain()
+
+    def _request_gap(self) -> FetchRequest | None:
+        if not self._held or self._fetching is not None:
+            return None
+        self._fetching = FetchRequest(start_seq=self.next_seq, end_seq=min(self._held))
+        self.counters.fetches += 1
+        return self._fetching
+
+
+@dataclass
+class FoldCounters:
+    rejected: int = 0            # text the chunk policy refused (a placeholder took its seq)
     swaps: int = 0
     stale_swaps: int = 0
 
 
 class StateFold:
-    """Chunks and swaps in, a gap-free CsrState out.
+    """Chunks and swaps in, a gap-free CsrState out (the policy node's view of the state).
 
-    A chunk with the expected seq is appended. One that arrives early is held and the missing
-    range is requested (`FetchRequest`); when the answer comes (`on_fetched`) the held chunks
-    follow. Seqs the aggregator no longer has are skipped and counted in `counters.lost`, so a
-    late joiner always converges and the loss is visible.
-
-    A swap replaces the state by the next version without the evicted chunks (the same fold the
-    reconciler and the chunk log apply), so every node derives the same tokens.
+    Ordering and fetching is `SeqOrderer`'s; lost seqs are skipped (the state's next seq jumps
+    and `order.counters.lost` says how many). A swap replaces the state by the next version
+    without the evicted chunks: the same fold the reconciler and the chunk log apply, so every
+    node derives the same tokens.
     """
 
-    def __init__(self, state: CsrState, *, max_buffered: int = 100_000, max_fetch_attempts: int = 3):
+    def __init__(self, state: CsrState, *, max_held: int = 100_000, max_fetch_attempts: int = 3):
         if state.policy.oversize == "split":
             # one StateChunk must stay one Chunk with the same seq on every node
             msg = "the policy node's chunk policy must not split chunks (use oversize='truncate')"
@@ -95,11 +209,8 @@ class StateFold:
         self.primary = ""
         self.primary_url = ""
         self.counters = FoldCounters()
-        self.max_buffered = max_buffered
-        self.max_fetch_attempts = max_fetch_attempts
-        self._held: dict[int, ChunkEvent] = {}
-        self._fetching: FetchRequest | None = None
-        self._fetch_attempts = 0
+        self.order = SeqOrderer(int(state.next_seq), max_held=max_held,
+                                max_fetch_attempts=max_fetch_attempts)
 
     @property
     def version(self) -> Version:
@@ -110,51 +221,21 @@ class StateFold:
         return int(self.state.next_seq)
 
     @property
-    def fetching(self) -> FetchRequest | None:
-        return self._fetching
+    def n_held(self) -> int:
+        return self.order.n_held
 
     @property
-    def n_held(self) -> int:
-        return len(self._held)
-
-    # chunks
+    def lost(self) -> int:
+        return self.order.counters.lost
 
     def on_chunk(self, event: ChunkEvent) -> FetchRequest | None:
-        if event.seq < self.next_seq or event.seq in self._held:
-            self.counters.duplicates += 1
-            return None
-        if event.seq > self.next_seq:
-            self._hold(event)
-            return self._request_gap()
-        self._append(event)
-        self._drain()
-        return self._request_gap()
+        return self._apply(self.order.offer(event))
 
     def on_fetched(self, chunks: Sequence[ChunkEvent], first_available_seq: int) -> FetchRequest | None:
-        """The GetChunks answer: chunks (in any order) and the oldest seq the aggregator has."""
-        self._fetching = None
-        self._fetch_attempts = 0
-        for event in sorted(chunks, key=lambda c: c.seq):
-            if event.seq == self.next_seq:
-                self._append(event)
-                self._drain()
-            elif event.seq > self.next_seq and event.seq not in self._held:
-                self._hold(event)
-        if self._held and self.next_seq < first_available_seq:
-            self._skip_to(min(first_available_seq, min(self._held)))
-        return self._request_gap()
+        return self._apply(self.order.fetched(chunks, first_available_seq))
 
     def on_fetch_failed(self) -> FetchRequest | None:
-        """GetChunks did not answer (timeout, no service): retry, then give the gap up."""
-        self.counters.fetch_failures += 1
-        self._fetching = None
-        self._fetch_attempts += 1
-        if self._fetch_attempts >= self.max_fetch_attempts and self._held:
-            self._fetch_attempts = 0
-            self._skip_to(min(self._held))
-        return self._request_gap()
-
-    # swaps
+        return self._apply(self.order.fetch_failed())
 
     def on_swap(self, event: SwapEvent) -> bool:
         """Apply a version change; False (and counted) for a version that is not newer."""
@@ -165,54 +246,28 @@ class StateFold:
             return False
         old = self.state
         kept = [c for c in old.chunks if c.seq >= event.evicted_before_seq]
-        next_seq = old.next_seq if (kept or old.next_seq >= event.evicted_before_seq) \
-            else Seq(event.evicted_before_seq)
+        next_seq = max(int(old.next_seq), event.evicted_before_seq)
         self.state = CsrState(tokenizer=old.tokenizer, layout=old.layout, profile=old.profile,
                               mode=old.mode, policy=old.policy, version=Version(event.version),
                               next_seq=Seq(next_seq), chunks=kept)
-        for seq in [s for s in self._held if s < self.next_seq]:
-            del self._held[seq]
         self.primary, self.primary_url = event.primary, event.primary_url
         self.counters.swaps += 1
-        self._drain()
+        self._apply(self.order.advance_to(next_seq))
         return True
 
     def gap(self) -> FetchRequest | None:
-        """The missing range to fetch now, if any and none is being fetched."""
-        return self._request_gap()
+        return self.order.gap()
 
-    # internals
-
-    def _append(self, event: ChunkEvent) -> None:
-        chunk, refused = make_chunk(self.state, event)
-        self.counters.rejected += refused
-        self.state.append(chunk)
-        self.counters.appended += 1
-
-    def _hold(self, event: ChunkEvent) -> None:
-        if len(self._held) >= self.max_buffered:
-            # a gap that never fills must not grow memory without bound: give it up
-            self._skip_to(min(self._held))
-        self._held[event.seq] = event
-        self.counters.buffered += 1
-
-    def _drain(self) -> None:
-        while self.next_seq in self._held:
-            self._append(self._held.pop(self.next_seq))
-
-    def _skip_to(self, seq: int) -> None:
-        if seq > self.next_seq:
-            self.counters.lost += seq - self.next_seq
-            self.state.next_seq = Seq(seq)
-        self._drain()
-
-    def _request_gap(self) -> FetchRequest | None:
-        if not self._held or self._fetching is not None:
-            return None
-        request = FetchRequest(start_seq=self.next_seq, end_seq=min(self._held))
-        self._fetching = request
-        self.counters.fetches += 1
-        return request
+    def _apply(self, step: Step) -> FetchRequest | None:
+        for item in step.items:
+            if isinstance(item, Lost):
+                self.state.next_seq = Seq(item.end_seq)
+            else:
+                chunk, refused = make_chunk(self.state, item)
+                self.counters.rejected += refused
+                self.state.append(chunk)
+        assert self.order.next_seq == self.state.next_seq, "orderer and state disagree on seq"
+        return step.fetch
 
 
 def make_chunk(state: CsrState, event: ChunkEvent) -> tuple[Chunk, bool]:
@@ -351,7 +406,7 @@ def diagnose(fold: StateFold, scheduler: QueryScheduler, stats: QueryStats) -> D
         ("queries", str(scheduler.finished)),
         ("failed_queries", str(scheduler.failed)),
         ("skipped_ticks", str(scheduler.skipped)),
-        ("lost_chunks", str(fold.counters.lost)),
+        ("lost_chunks", str(fold.lost)),
         ("held_chunks", str(fold.n_held)),
         ("rejected_chunks", str(fold.counters.rejected)),
     ]
@@ -368,8 +423,8 @@ def diagnose(fold: StateFold, scheduler: QueryScheduler, stats: QueryStats) -> D
     if stats.ttfts_s and stats.ttfts_s[-1] > scheduler.period_s:
         level, message = WARN, (f"TTFT {stats.ttfts_s[-1]:.2f} s exceeds the query period "
                                 f"{scheduler.period_s:.2f} s: ticks are being skipped")
-    if fold.counters.lost:
-        level, message = WARN, f"{fold.counters.lost} chunks were lost (not available to fetch)"
+    if fold.lost:
+        level, message = WARN, f"{fold.lost} chunks were lost (not available to fetch)"
     if stats.last_error:
         level, message = ERROR, f"last query failed: {stats.last_error}"
     return Diagnosis(level=level, message=message, values=tuple(values))

@@ -9,7 +9,7 @@ from csr_ros.chunks import ChunkPolicy
 from csr_ros.errors import ConfigError
 from csr_ros.layout import Layout
 from csr_ros.model_store import resolve_model_dir
-from csr_ros.policy_core import ChunkEvent, FetchRequest, StateFold, SwapEvent
+from csr_ros.policy_core import ChunkEvent, FetchRequest, Lost, SeqOrderer, StateFold, SwapEvent
 from csr_ros.state import CsrState
 from csr_ros.tokenizer import HFTokenizer
 
@@ -51,7 +51,7 @@ def test_chunks_in_order_are_appended_with_their_seq(fold):
 def test_a_duplicate_is_ignored_and_counted(fold):
     fold.on_chunk(event(0))
     fold.on_chunk(event(0))
-    assert len(fold.state.chunks) == 1 and fold.counters.duplicates == 1
+    assert len(fold.state.chunks) == 1 and fold.order.counters.duplicates == 1
 
 
 def test_a_gap_asks_for_the_missing_range_once_and_holds_later_chunks(fold):
@@ -61,7 +61,7 @@ def test_a_gap_asks_for_the_missing_range_once_and_holds_later_chunks(fold):
     assert fold.next_seq == 1 and fold.n_held == 2
     assert fold.on_fetched([event(2), event(1)], first_available_seq=0) is None
     assert [c.seq for c in fold.state.chunks] == [0, 1, 2, 3, 4]
-    assert fold.n_held == 0 and fold.counters.lost == 0
+    assert fold.n_held == 0 and fold.lost == 0
 
 
 def test_a_late_joiner_fetches_everything_before_its_first_live_chunk(fold):
@@ -74,7 +74,7 @@ def test_chunks_the_aggregator_no_longer_has_are_skipped_and_counted(fold):
     fold.on_chunk(event(10))
     assert fold.on_fetched([event(7), event(8), event(9)], first_available_seq=7) is None
     assert [c.seq for c in fold.state.chunks] == [7, 8, 9, 10]
-    assert fold.counters.lost == 7
+    assert fold.lost == 7
 
 
 def test_a_partial_answer_asks_for_the_rest(fold):
@@ -88,7 +88,7 @@ def test_a_gap_nobody_can_fill_is_given_up_after_retries(fold):
     assert fold.on_fetch_failed() == FetchRequest(0, 2)
     assert fold.on_fetch_failed() == FetchRequest(0, 2)
     assert fold.on_fetch_failed() is None
-    assert [c.seq for c in fold.state.chunks] == [2] and fold.counters.lost == 2
+    assert [c.seq for c in fold.state.chunks] == [2] and fold.lost == 2
 
 
 def test_a_swap_evicts_old_chunks_and_sets_version_and_primary(fold):
@@ -148,3 +148,22 @@ def test_a_splitting_chunk_policy_is_refused(tokenizer, layout):
     state = CsrState(tokenizer=tokenizer, layout=layout, profile=PROFILE)
     with pytest.raises(ConfigError, match="must not split chunks"):
         StateFold(state)
+
+
+def test_the_orderer_reports_lost_ranges_in_order_with_the_events_around_them():
+    order = SeqOrderer(0)
+    assert order.offer(event(0)).items == (event(0),)
+    step = order.offer(event(4))
+    assert step.items == () and step.fetch == FetchRequest(1, 4)
+    step = order.fetched([event(3)], first_available_seq=3)
+    assert step.items == (Lost(1, 3), event(3), event(4)) and step.fetch is None
+    assert order.next_seq == 5 and order.counters.lost == 2
+
+
+def test_the_orderer_drops_held_events_that_were_evicted():
+    order = SeqOrderer(0)
+    order.offer(event(2))
+    order.offer(event(9))
+    step = order.advance_to(5)
+    assert step.items == () and step.fetch is None   # the first fetch (0..2) is still running
+    assert order.n_held == 1 and order.next_seq == 5
