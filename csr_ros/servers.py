@@ -32,6 +32,7 @@ from typing import Sequence
 from csr_ros.errors import ConfigError, ResourceTimeoutError, ResourceUnavailableError
 
 log = logging.getLogger(__name__)
+logging.getLogger("httpx").setLevel(logging.WARNING)   # health polls would log every request
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_LLAMACPP_CONTEXT_TOKENS = 8192

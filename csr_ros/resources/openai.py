@@ -81,7 +81,8 @@ class OpenAIResource:
                  headroom_tokens: int = 1024, priority_scheduling: bool = False,
                  prefill_priority: int = 10, connect_timeout_s: float = 5.0,
                  read_timeout_s: float = 300.0, retries: int = 2, backoff_s: float = 0.5,
-                 temperature: float = 0.0, seed: int | None = 0, check_health: bool = True):
+                 temperature: float = 0.0, seed: int | None = 0, extra_body: dict | None = None,
+                 check_health: bool = True, transport: httpx.BaseTransport | None = None):
         if prompt_mode not in PROMPT_MODES:
             raise ConfigError(f"prompt_mode must be one of {PROMPT_MODES}, got {prompt_mode!r}")
         if isinstance(tokenizer, str) and tokenizer not in TOKENIZER_CHOICES:
@@ -101,6 +102,7 @@ class OpenAIResource:
         self.backoff_s = backoff_s
         self.temperature = temperature
         self.seed = seed
+        self.extra_body = dict(extra_body or {})       # merged into every completion request
         self._configured_context = max_context_tokens
         self.max_context_tokens = max_context_tokens or DEFAULT_CONTEXT_TOKENS
         api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
@@ -108,7 +110,7 @@ class OpenAIResource:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=self._timeout,
-                                    trust_env=False)
+                                    trust_env=False, transport=transport)
         self._tokenizer_choice = tokenizer
         self._model_dir = model_dir
         self._tokenizer: Tokenizer | None = tokenizer if not isinstance(tokenizer, str) else None
@@ -336,6 +338,7 @@ class OpenAIResource:
             body["seed"] = self.seed
         if self.info is not None and self.info.kind == "vllm":
             body["return_token_ids"] = True                 # vLLM-only: generated ids per chunk
+        body.update(self.extra_body)
         return body
 
     def _n_extended(self, request: Request) -> int:

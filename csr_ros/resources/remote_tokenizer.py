@@ -16,8 +16,9 @@ escapes such spellings before they reach the tokenizer, so this never fires ther
 mode use a local tokenizer for untrusted text.
 
 The server tells nothing about special tokens, EOS ids or the chat template, so those come from
-the model directory's small JSON files (`tokenizer_config.json`, `chat_template.jinja`,
-`generation_config.json`; no `tokenizer.json` needed) or from the constructor.
+the model directory's JSON files (`tokenizer_config.json`, `chat_template.jinja`,
+`generation_config.json`, the added-token list of `tokenizer.json`), read as plain JSON, or
+from the constructor.
 """
 
 from __future__ import annotations
@@ -107,6 +108,12 @@ class RemoteTokenizer:
         if self._owns_client:
             self._client.close()
 
+    def __enter__(self) -> "RemoteTokenizer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # -- HTTP ----------------------------------------------------------------------------
 
     def _tokenize(self, text: str) -> list[int]:
@@ -159,7 +166,9 @@ def detect_dialect(client: httpx.Client) -> str:
 def _read_metadata(model_dir: Path) -> dict:
     """Special tokens, EOS ids and chat template from a model directory's small JSON files."""
     config = _read_json(model_dir / "tokenizer_config.json")
-    added = config.get("added_tokens_decoder", {})
+    added = config.get("added_tokens_decoder") or {
+        # newer transformers keep the added tokens only in tokenizer.json (read as plain JSON)
+        str(tok["id"]): tok for tok in _read_json(model_dir / "tokenizer.json").get("added_tokens", [])}
     special = tuple(tok["content"] for _, tok in sorted(added.items(), key=lambda kv: int(kv[0]))
                     if tok.get("special"))
     template_file = model_dir / "chat_template.jinja"

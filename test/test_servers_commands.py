@@ -1,0 +1,95 @@
+"""The server command lines are built exactly as documented (pure; no server needed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from csr_ros.errors import ConfigError
+from csr_ros.servers import llamacpp_command, vllm_command, vllm_env
+from csr_ros.tools.serve import load_vllm_config, parse_vllm_config, vllm_servers
+
+VLLM_CONFIG = Path(__file__).resolve().parents[1] / "config" / "vllm.yaml"
+
+
+def test_vllm_command_carries_every_flag_csr_relies_on():
+    cmd = vllm_command("Qwen/Qwen3-32B", port=8001, max_model_len=131072, host="0.0.0.0",
+                       served_model_name="policy")
+    assert cmd[:3] == ["vllm", "serve", "Qwen/Qwen3-32B"]
+    assert "--enable-prefix-caching" in cmd
+    assert "--enable-prompt-tokens-details" in cmd
+    assert cmd[cmd.index("--scheduling-policy") + 1] == "priority"
+    assert cmd[cmd.index("--max-model-len") + 1] == "131072"
+    assert cmd[cmd.index("--port") + 1] == "8001"
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    assert cmd[cmd.index("--served-model-name") + 1] == "policy"
+
+
+def test_vllm_command_can_leave_out_priority_scheduling_and_appends_extra_args():
+    cmd = vllm_command("m", port=1, max_model_len=4096, priority_scheduling=False,
+                       extra_args=["--tensor-parallel-size", "2"])
+    assert "--scheduling-policy" not in cmd
+    assert cmd[-2:] == ["--tensor-parallel-size", "2"]
+
+
+def test_vllm_command_rejects_a_nonpositive_max_model_len():
+    with pytest.raises(ConfigError, match="max_model_len"):
+        vllm_command("m", port=1, max_model_len=0)
+
+
+def test_vllm_env_pins_one_gpu_and_passes_the_api_key_by_variable_not_argv():
+    env = vllm_env(1, api_key_env="MY_KEY", base={"MY_KEY": "s3cret", "PATH": "/bin"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["VLLM_API_KEY"] == "s3cret"
+    assert env["PATH"] == "/bin"
+
+
+def test_vllm_env_refuses_an_empty_api_key_variable():
+    with pytest.raises(ConfigError, match="MY_KEY"):
+        vllm_env(0, api_key_env="MY_KEY", base={})
+
+
+def test_llamacpp_command_runs_the_wrapper_with_context_threads_and_alias():
+    cmd = llamacpp_command("/m/model.gguf", port=8001, n_ctx=8192, n_threads=2, model_alias="smollm2")
+    assert cmd[:4] == [sys.executable, "-m", "csr_ros.servers", "llamacpp"]
+    assert cmd[cmd.index("--model") + 1] == "/m/model.gguf"
+    assert cmd[cmd.index("--n-ctx") + 1] == "8192"
+    assert cmd[cmd.index("--n-threads") + 1] == "2"
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--model-alias") + 1] == "smollm2"
+
+
+def test_the_shipped_vllm_config_starts_r1_on_gpu0_and_r2_on_gpu1():
+    config = load_vllm_config(VLLM_CONFIG)
+    r1, r2 = vllm_servers(config, env_base={})
+    assert (r1.name, r1.env["CUDA_VISIBLE_DEVICES"]) == ("r1", "0")
+    assert (r2.name, r2.env["CUDA_VISIBLE_DEVICES"]) == ("r2", "1")
+    for server in (r1, r2):
+        assert "--enable-prefix-caching" in server.command
+        assert "--enable-prompt-tokens-details" in server.command
+        assert server.command[server.command.index("--max-model-len") + 1] == str(config.max_model_len)
+        assert server.url.startswith("http://127.0.0.1:")   # 0.0.0.0 binds; clients use loopback
+    assert r1.url != r2.url
+
+
+def test_vllm_config_errors_name_the_problem():
+    with pytest.raises(ConfigError, match="'model' is required"):
+        parse_vllm_config({"max_model_len": 1, "servers": [{"port": 1, "gpu": 0}]})
+    with pytest.raises(ConfigError, match="unknown keys"):
+        parse_vllm_config({"model": "m", "max_model_len": 1, "servers": [], "mdoel": "x"})
+    with pytest.raises(ConfigError, match=r"servers\[0\] needs"):
+        parse_vllm_config({"model": "m", "max_model_len": 1, "servers": [{"port": 1}]})
+    with pytest.raises(ConfigError, match="share a port"):
+        parse_vllm_config({"model": "m", "max_model_len": 1,
+                           "servers": [{"port": 1, "gpu": 0}, {"port": 1, "gpu": 1}]})
+
+
+def test_serve_dry_run_prints_both_vllm_commands(capsys):
+    from csr_ros.cli import main
+
+    assert main(["serve", "vllm", "--config", str(VLLM_CONFIG), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("r1: CUDA_VISIBLE_DEVICES=0 vllm serve")
+    assert out[1].startswith("r2: CUDA_VISIBLE_DEVICES=1 vllm serve")
