@@ -264,6 +264,11 @@ class Reconciliation:
         return self.phase is not Phase.IDLE
 
     @property
+    def primary_reloading(self) -> bool:
+        """A reload of the primary (start, eviction, failover) is queued or waiting to retry."""
+        return self._primary_op is not None or self._primary_retry_timer is not None
+
+    @property
     def buffer_tokens(self) -> int:
         return sum(c.n_tokens for c in self.buffer)
 

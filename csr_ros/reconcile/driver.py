@@ -1,0 +1,326 @@
+"""Runs the ASR machine over real resources: one worker thread per resource, plain locks.
+
+    caller threads ──add_chunk / query──▶ [lock: machine.handle] ──commands──▶ worker queues
+    worker threads ──load / extend / query on a resource (no lock held)──▶ completion events
+
+The machine lock is held only while the pure machine handles an event and the commands are
+queued, never while a model computes. Each resource executes its commands first in, first
+out, which is what the machine's routing assumes. A query never waits for a warm-up or a
+catch-up: those run on the secondary's worker while the primary's worker answers queries.
+
+TTFT is measured at one point: from the moment the query is built and routed to the first
+sampled token, so it includes any wait behind a synchronous eviction on the same resource.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from csr_ros.chunklog import ChunkLog
+from csr_ros.errors import ConfigError, CsrError
+from csr_ros.eviction import EvictionPolicy, drop_oldest_fraction
+from csr_ros.reconcile.machine import (ChunkArrived, Extend, Load, Notice, OpFinished,
+                                       QueryFinished, QueryStarted, ReconcileConfig,
+                                       Reconciliation, Route, StartTimer, TimerFired,
+                                       VersionChanged)
+from csr_ros.resources.base import QueryResult, Resource
+from csr_ros.state import Chunk, CsrState, Request
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QueryOutcome:
+    request: Request
+    resource: str
+    started_s: float               # monotonic time the query was built
+    inside_window: bool            # a reconciliation was running when it was built
+    wait_s: float = 0.0            # queued behind other work on its resource
+    ttft_s: float | None = None    # started → first sampled token (None if it failed)
+    result: QueryResult | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None
+
+
+@dataclass
+class TimelineEvent:
+    t_s: float                     # monotonic
+    kind: str                      # evict (X_E derived) | swap | sync | fallback | failover | retry
+    version: int
+    detail: str = ""
+
+
+@dataclass
+class SwapRecord:
+    version: int
+    primary: str
+    committed_ids: tuple[int, ...]
+    t_s: float
+
+
+class _Worker:
+    """Runs submitted calls one at a time, in order, on its own thread."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._queue: queue.Queue = queue.Queue()
+        self._busy = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name=f"csr-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], object]) -> Future:
+        future: Future = Future()
+        with self._lock:
+            self._busy += 1
+        self._queue.put((fn, future))
+        return future
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return self._busy == 0
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, future = item
+            try:
+                future.set_result(fn())
+            except BaseException as exc:   # delivered to whoever waits on the future
+                future.set_exception(exc)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+
+class Reconciler:
+    """ASR over one (baselines) or two resources, for any `Resource`."""
+
+    def __init__(self, state: CsrState, resources: Sequence[Resource], config: ReconcileConfig,
+                 *, policy: EvictionPolicy = drop_oldest_fraction,
+                 chunk_log: ChunkLog | None = None, clock: Callable[[], float] = time.monotonic):
+        names = [r.name for r in resources]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"resources need distinct names, got {names}")
+        limit = min(r.max_context_tokens for r in resources)
+        if config.max_context_tokens > limit:
+            msg = (f"max_context_tokens {config.max_context_tokens} is more than resource "
+                   f"context {limit}")
+            raise ConfigError(msg)
+        self.config = config
+        self.resources = {r.name: r for r in resources}
+        self.machine = Reconciliation(state, names, config, policy=policy)
+        self.chunk_log = chunk_log
+        self.clock = clock
+        self.timeline: list[TimelineEvent] = []
+        self.swaps: list[SwapRecord] = []
+        self.windows: list[tuple[float, float | None]] = []   # reconciliation windows
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._workers = {name: _Worker(name) for name in names}
+        self._timers: dict[int, threading.Timer] = {}
+        self._closed = False
+
+    # -- feeding and asking ----------------------------------------------------------------
+
+    def start(self, *, wait: bool = True, timeout_s: float | None = None) -> None:
+        """Load the primary with the current state (prefix and any rebuilt chunks)."""
+        with self._lock:
+            self._dispatch(self.machine.start())
+        if wait:
+            self.wait_idle(timeout_s=timeout_s)
+
+    def add_chunk(self, raw: str | bytes, *, source: str = "", stamp_ns: int = 0) -> list[Chunk]:
+        """Validate, tokenize, log (write-ahead) and append one input; never blocks on a model."""
+        with self._lock:
+            chunks = self.machine.active.make_chunks(raw, source=source, stamp_ns=stamp_ns)
+            for chunk in chunks:
+                if self.chunk_log is not None:
+                    self.chunk_log.append_chunk(chunk)
+                self._handle(ChunkArrived(chunk, now_s=self.clock()))
+        return chunks
+
+    def query(self, task: str, *, suffix: str = "", max_new_tokens: int = 8,
+              stop: Sequence[str] = ()) -> QueryOutcome:
+        """Build a request against the active version and answer it on the resource holding it."""
+        with self._lock:
+            started_s = self.clock()
+            inside = self.machine.reconciling
+            commands = self.machine.handle(QueryStarted(task=task, suffix=suffix,
+                                                        max_new_tokens=max_new_tokens,
+                                                        now_s=started_s))
+            (route,) = [c for c in commands if isinstance(c, Route)]
+            self._dispatch([c for c in commands if not isinstance(c, Route)])
+            future = self._workers[route.resource].submit(
+                lambda: self._answer(route, max_new_tokens, stop, started_s))
+        outcome: QueryOutcome
+        try:
+            wait_s, result = future.result()
+            outcome = QueryOutcome(request=route.request, resource=route.resource,
+                                   started_s=started_s, inside_window=inside, wait_s=wait_s,
+                                   ttft_s=wait_s + result.ttft_s, result=result)
+        except Exception as exc:  # a failed resource is an outcome, not a crash of the policy
+            log.warning("query %d on %s failed: %s", route.request.query_id, route.resource, exc)
+            outcome = QueryOutcome(request=route.request, resource=route.resource,
+                                   started_s=started_s, inside_window=inside,
+                                   error=f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            self._handle(QueryFinished(route.request.query_id, outcome.ok, now_s=self.clock()))
+        return outcome
+
+    def _answer(self, route: Route, max_new_tokens: int, stop: Sequence[str],
+                started_s: float) -> tuple[float, QueryResult]:
+        resource = self.resources[route.resource]
+        wait_s = self.clock() - started_s
+        if route.cold:
+            # Unordered baseline: nothing of the previous prompt is reused.
+            load_started = self.clock()
+            resource.load(route.request.static_ids[:1])
+            wait_s += self.clock() - load_started
+        return wait_s, resource.query(route.request, max_new_tokens=max_new_tokens, stop=stop)
+
+    # -- state for callers -----------------------------------------------------------------
+
+    @property
+    def primary(self) -> Resource:
+        return self.resources[self.machine.primary]
+
+    def snapshot(self) -> dict:
+        """Counters, phase, version and viability, consistent with each other."""
+        with self._lock:
+            m = self.machine
+            v = m.viability()
+            return {"phase": m.phase.value, "version": int(m.active.version),
+                    "primary": m.primary, "n_static_tokens": m.active.n_static,
+                    "n_chunks": len(m.active.chunks), "next_seq": int(m.active.next_seq),
+                    "buffer_tokens": m.buffer_tokens, **vars(m.counters),
+                    "headroom_s": v.headroom_s, "arrival_tokens_per_s": v.arrival_tokens_per_s,
+                    "warm_tokens_per_s": v.warm_tokens_per_s,
+                    "catchup_tokens_per_s": v.catchup_tokens_per_s,
+                    "dt_warm_s": v.dt_warm_s, "dt_recon_s": v.dt_recon_s,
+                    "time_to_full_s": v.time_to_full_s}
+
+    def wait_idle(self, *, timeout_s: float | None = None) -> bool:
+        """Wait until no reconciliation runs and every resource has finished its work."""
+        deadline = None if timeout_s is None else self.clock() + timeout_s
+        with self._changed:
+            while True:
+                if not self.machine.reconciling and not self.machine.primary_reloading and \
+                        all(w.idle for w in self._workers.values()):
+                    return True
+                left = None if deadline is None else deadline - self.clock()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(0.05 if left is None else min(left, 0.05))
+
+    def close(self) -> None:
+        """Stop the workers and timers; the resources and the chunk log belong to the caller."""
+        with self._lock:
+            self._closed = True
+            for timer in self._timers.values():
+                timer.cancel()
+            self._timers.clear()
+        for worker in self._workers.values():
+            worker.stop()
+
+    def __enter__(self) -> "Reconciler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the machine's commands ------------------------------------------------------------
+
+    def _handle(self, event) -> None:
+        """Under the lock: one machine step, then queue its commands."""
+        was_reconciling = self.machine.reconciling
+        commands = self.machine.handle(event)
+        now_s = self.clock()
+        if not was_reconciling and self.machine.reconciling:
+            self.windows.append((now_s, None))
+            self.timeline.append(TimelineEvent(now_s, "evict", int(self.machine.pending.version),
+                                               f"X_E {self.machine.pending.n_static} tokens"))
+        self._dispatch(commands)
+        if was_reconciling and not self.machine.reconciling and self.windows:
+            self.windows[-1] = (self.windows[-1][0], now_s)
+        self._changed.notify_all()
+
+    def _dispatch(self, commands) -> None:
+        for cmd in commands:
+            if isinstance(cmd, (Load, Extend)):
+                self._workers[cmd.resource].submit(lambda cmd=cmd: self._run_op(cmd))
+            elif isinstance(cmd, StartTimer):
+                if not self._closed:
+                    timer = threading.Timer(cmd.delay_s, self._fire, args=(cmd.timer_id,))
+                    timer.daemon = True
+                    self._timers[cmd.timer_id] = timer
+                    timer.start()
+                    self.timeline.append(TimelineEvent(self.clock(), "retry",
+                                                       int(self.machine.active.version)))
+            elif isinstance(cmd, VersionChanged):
+                self._version_changed(cmd)
+            elif isinstance(cmd, Notice):
+                log.log(logging.WARNING if cmd.level == "warning" else logging.INFO, "%s",
+                        cmd.message)
+            else:
+                raise AssertionError(f"unexpected command {cmd!r}")
+
+    def _version_changed(self, cmd: VersionChanged) -> None:
+        now_s = self.clock()
+        if self.chunk_log is not None:
+            self.chunk_log.append_version(cmd.version, cmd.first_seq, cmd.next_seq, cmd.reason)
+        self.timeline.append(TimelineEvent(now_s, cmd.reason, int(cmd.version),
+                                           f"primary {cmd.primary}"))
+        if cmd.reason == "swap":
+            self.swaps.append(SwapRecord(int(cmd.version), cmd.primary, cmd.committed_ids, now_s))
+        log.info("v%d active (%s) on %s: chunks from %d, %d static tokens", cmd.version,
+                 cmd.reason, cmd.primary, cmd.first_seq, self.machine.active.n_static)
+
+    def _run_op(self, cmd: Load | Extend) -> None:
+        """On the resource's worker thread: run one Load/Extend, then report it."""
+        resource = self.resources[cmd.resource]
+        kwargs = {}
+        if cmd.timeout_s is not None and getattr(resource, "supports_timeout", False):
+            kwargs["timeout_s"] = cmd.timeout_s
+        started_s = self.clock()
+        ok = True
+        try:
+            if isinstance(cmd, Load):
+                resource.load(cmd.ids, **kwargs)
+            else:
+                resource.extend(cmd.ids, **kwargs)
+        except CsrError as exc:
+            ok = False
+            log.warning("%s of v%d on %s failed: %s", type(cmd).__name__.lower(), cmd.version,
+                        cmd.resource, exc)
+        except Exception:  # a bug in a backend must not stop the reconciler
+            ok = False
+            log.exception("%s of v%d on %s raised", type(cmd).__name__.lower(), cmd.version,
+                          cmd.resource)
+        seconds = self.clock() - started_s
+        with self._lock:
+            self._handle(OpFinished(cmd.op_id, ok, n_tokens=len(cmd.ids), seconds=seconds,
+                                    now_s=self.clock()))
+
+    def _fire(self, timer_id: int) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._timers.pop(timer_id, None)
+            self._handle(TimerFired(timer_id, now_s=self.clock()))

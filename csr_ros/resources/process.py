@@ -1,0 +1,223 @@
+"""`ProcessResource`: any resource, run in a worker process and called over a pipe.
+
+    ProcessResource("local", name="r1", model="smollm2", threads=1)
+
+The child is started with multiprocessing's 'spawn' method and builds the resource with
+`make_resource(kind, **options)`; every call is forwarded as (attribute path, args, kwargs) and
+answered with the result or the exception. Two local engines in two processes compute truly in
+parallel, each on its own core, and one that crashes takes nothing else with it.
+
+A dead child raises `ResourceUnavailableError` (its committed state is gone). `load()` replaces
+the whole committed run anyway, so it starts a fresh child first: a warm-up retry after a crash
+recovers by itself. A call given `timeout_s` that does not answer in time kills the child and
+raises `ResourceTimeoutError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+from typing import Any, Sequence
+
+from csr_ros.errors import ResourceError, ResourceTimeoutError, ResourceUnavailableError
+from csr_ros.resources.base import PrefillResult, QueryResult
+from csr_ros.state import Request
+
+log = logging.getLogger(__name__)
+
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+class ProcessResource:
+    supports_timeout = True
+
+    def __init__(self, kind: str, *, name: str | None = None, start_timeout_s: float = 600.0,
+                 **options: Any):
+        self.kind = kind
+        self.name = name or options.get("name") or kind
+        self.options = {**options, "name": self.name}
+        self.start_timeout_s = start_timeout_s
+        self.restarts = 0
+        self._lock = threading.Lock()
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn = None
+        self._spawn()
+
+    # -- the Resource interface ------------------------------------------------------------
+
+    @property
+    def n_committed(self) -> int:
+        return self.call("n_committed")
+
+    @property
+    def committed_ids(self) -> tuple[int, ...]:
+        return tuple(self.call("committed_ids"))
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    def load(self, ids: Sequence[int], text: str | None = None, *,
+             timeout_s: float | None = None) -> PrefillResult:
+        with self._lock:
+            if not self.alive:
+                log.warning("resource %s: worker process is gone; starting a new one", self.name)
+                self._spawn_locked()
+                self.restarts += 1
+            return self._call_locked("load", (tuple(ids), text), {}, timeout_s)
+
+    def extend(self, ids: Sequence[int], text: str | None = None, *,
+               timeout_s: float | None = None) -> PrefillResult:
+        return self.call("extend", tuple(ids), text, timeout_s=timeout_s)
+
+    def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
+              timeout_s: float | None = None) -> QueryResult:
+        return self.call("query", request, max_new_tokens=max_new_tokens, stop=tuple(stop),
+                         timeout_s=timeout_s)
+
+    def call(self, path: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        """Call (or read) `path` on the child's resource, e.g. `call("engine.snapshot")`."""
+        with self._lock:
+            return self._call_locked(path, args, kwargs, timeout_s)
+
+    def kill(self) -> None:
+        """Kill the worker process now (fault injection, or a hung child)."""
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+            self._process.join(5.0)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._process is None:
+                return
+            if self._process.is_alive():
+                try:
+                    self._conn.send(None)
+                    self._process.join(10.0)
+                except (OSError, EOFError):
+                    pass
+            self.kill()
+            self._conn.close()
+            self._process = None
+
+    # -- the pipe --------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        with self._lock:
+            self._spawn_locked()
+
+    def _spawn_locked(self) -> None:
+        self.kill()
+        if self._conn is not None:
+            self._conn.close()
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        process = context.Process(target=_child_main, args=(child, self.kind, self.options),
+                                  name=f"csr-{self.name}", daemon=True)
+        process.start()
+        child.close()
+        self._process, self._conn = process, parent
+        status, payload = self._receive(self.start_timeout_s, "start")
+        if status != "ready":
+            self.kill()
+            raise _as_exception(payload)
+        self.max_context_tokens = payload["max_context_tokens"]
+        log.info("resource %s (%s) ready in worker process %d", self.name, self.kind, process.pid)
+
+    def _call_locked(self, path: str, args: tuple, kwargs: dict, timeout_s: float | None) -> Any:
+        if not self.alive:
+            raise ResourceUnavailableError(self._dead_message(path))
+        try:
+            self._conn.send((path, args, kwargs))
+        except (OSError, EOFError):
+            raise ResourceUnavailableError(self._dead_message(path)) from None
+        status, payload = self._receive(timeout_s, path)
+        if status == "ok":
+            return payload
+        raise _as_exception(payload)
+
+    def _receive(self, timeout_s: float | None, what: str) -> tuple[str, Any]:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            wait_s = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
+            try:
+                if self._conn.poll(wait_s):
+                    return self._conn.recv()
+            except (OSError, EOFError):
+                raise ResourceUnavailableError(self._dead_message(what)) from None
+            if not self._process.is_alive() and not self._conn.poll(0):
+                raise ResourceUnavailableError(self._dead_message(what))
+            if deadline is not None and time.monotonic() >= deadline:
+                self.kill()
+                msg = (f"resource {self.name!r}: {what} did not answer within {timeout_s:.1f} s; "
+                       "its worker process was killed")
+                raise ResourceTimeoutError(msg)
+
+    def _dead_message(self, what: str) -> str:
+        code = None if self._process is None else self._process.exitcode
+        return (f"resource {self.name!r}: worker process "
+                f"{None if self._process is None else self._process.pid} is not running "
+                f"(exit code {code}) during {what}; load() starts a new one")
+
+    def __repr__(self) -> str:
+        return f"ProcessResource({self.kind!r}, name={self.name!r}, pid={self.pid})"
+
+
+def _child_main(conn, kind: str, options: dict) -> None:
+    threads = options.get("threads")
+    if threads:
+        for variable in _THREAD_VARIABLES:
+            os.environ[variable] = str(threads)
+    try:
+        from csr_ros.resources.factory import make_resource
+
+        resource = make_resource(kind, **options)
+        conn.send(("ready", {"max_context_tokens": resource.max_context_tokens}))
+    except BaseException as exc:
+        conn.send(("error", _portable(exc)))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            break
+        if message is None:
+            break
+        path, args, kwargs = message
+        try:
+            target = resource
+            for part in path.split("."):
+                target = getattr(target, part)
+            result = target(*args, **kwargs) if callable(target) else target
+        except BaseException as exc:
+            conn.send(("error", _portable(exc)))
+            continue
+        try:
+            conn.send(("ok", result))
+        except Exception as exc:  # pickling failed before anything was written
+            conn.send(("error", ResourceError(f"the result of {path} cannot be sent: {exc}")))
+    try:
+        resource.close()
+    except Exception:
+        pass
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """The exception itself if it survives pickling, else a ResourceError that describes it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return ResourceError(f"{type(exc).__name__}: {exc}")
+
+
+def _as_exception(payload: Any) -> BaseException:
+    return payload if isinstance(payload, BaseException) else ResourceError(str(payload))
