@@ -129,6 +129,11 @@ class OpenAIResource:
         return len(self._committed_ids)
 
     @property
+    def committed_ids(self) -> tuple[int, ...]:
+        """What this client last prefilled (the server's cache is not visible to clients)."""
+        return self._committed_ids
+
+    @property
     def state_mode(self) -> str:
         """The CsrState mode that fits this resource: 'text' when prompts travel as text."""
         return "text" if self._resolved_prompt_mode() == "text" else "token"
@@ -224,6 +229,10 @@ class OpenAIResource:
         """Replace the committed run: prefill `ids` (or `text`, in text mode), decode nothing."""
         ids = tuple(ids)
         with self._lock:
+            if not ids:
+                self._committed_ids, self._committed_text = (), ""
+                return PrefillResult(n_tokens=0, seconds=0.0, n_committed=0)
+            text = self._text_of(ids, text)
             seconds = self._prefill(ids, text)
             self._committed_ids, self._committed_text = ids, text
             return PrefillResult(n_tokens=len(ids), seconds=seconds, n_committed=len(ids))
@@ -232,10 +241,11 @@ class OpenAIResource:
         """Append to the committed run. The whole run is sent; the server reuses its prefix."""
         ids = tuple(ids)
         with self._lock:
+            if not ids:
+                return PrefillResult(n_tokens=0, seconds=0.0, n_committed=self.n_committed)
+            new_text = self._text_of(ids, text)
             full_ids = self._committed_ids + ids
-            full_text = None
-            if text is not None and self._committed_text is not None:
-                full_text = self._committed_text + text
+            full_text = None if new_text is None else self._committed_text + new_text
             seconds = self._prefill(full_ids, full_text)
             self._committed_ids, self._committed_text = full_ids, full_text
             return PrefillResult(n_tokens=len(ids), seconds=seconds, n_committed=len(full_ids))
@@ -243,7 +253,7 @@ class OpenAIResource:
     def _prefill(self, ids: tuple[int, ...], text: str | None) -> float:
         self._ensure_checked()
         self._check_fits(len(ids) + 1)
-        body = self._body(self._prompt(ids, text), max_tokens=1, stop=())
+        body = self._body(list(ids) if text is None else text, max_tokens=1, stop=())
         if self.priority_scheduling:
             body["priority"] = self.prefill_priority      # larger = later (vLLM)
         started = time.monotonic()
@@ -264,8 +274,12 @@ class OpenAIResource:
             self._ensure_checked()
             n_extended = self._n_extended(request)
             self._check_fits(len(request.ids) + max_new_tokens)
-            body = self._body(self._prompt(request.ids, request.text),
-                              max_tokens=max_new_tokens, stop=stop)
+            static_text = self._static_text_of(request)
+            if static_text is None:
+                prompt: list[int] | str = list(request.ids)
+            else:
+                prompt = static_text + self._text_of(request.dynamic_ids, request.dynamic_text)
+            body = self._body(prompt, max_tokens=max_new_tokens, stop=stop)
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
             pieces: list[str] = []
@@ -290,7 +304,7 @@ class OpenAIResource:
             if first_token_at is None:
                 msg = f"{self.url} ended the stream without a token (usage {usage or 'none'})"
                 raise ResourceUnavailableError(msg)
-            self._committed_ids, self._committed_text = request.static_ids, request.static_text
+            self._committed_ids, self._committed_text = request.static_ids, static_text
             text = "".join(pieces)
             if not token_ids and text:
                 token_ids = self.tokenizer.encode_template(text)   # the server sent text only
@@ -322,14 +336,33 @@ class OpenAIResource:
             self.prompt_mode = "tokens" if self.info.kind in TOKEN_PROMPT_SERVERS else "text"
         return self.prompt_mode
 
-    def _prompt(self, ids: Sequence[int], text: str | None) -> list[int] | str:
+    def _text_of(self, ids: Sequence[int], text: str | None) -> str | None:
+        """The prompt text of `ids` in text mode (None in token mode).
+
+        The caller's text (the CsrState's text mode) when given. Otherwise the ids are decoded
+        and the text is checked to tokenize back to the same ids: it is not so when data spells
+        a control token in a token-mode state, and then the server would read a control token.
+        """
         if self._resolved_prompt_mode() == "tokens":
-            return list(ids)
-        if text is None:
-            msg = (f"{self.name}: {self.url} takes prompts as text, and this call carries none: "
-                   "build the CsrState with mode='text' (resource.state_mode) and pass its text")
+            return None
+        if text is not None:
+            return text
+        decoded = self.tokenizer.decode(ids)
+        if self.tokenizer.encode_template(decoded) != list(ids):
+            msg = (f"{self.name}: {self.url} takes prompts as text, and these token ids do not "
+                   "survive the round trip through text (data spelling a control token?): "
+                   "build the CsrState with mode='text' (resource.state_mode)")
             raise ConfigError(msg)
-        return text
+        return decoded
+
+    def _static_text_of(self, request: Request) -> str | None:
+        """Text mode: the request's static text; O(new tokens) when it carries none."""
+        if self._resolved_prompt_mode() == "tokens":
+            return None
+        if request.static_text is not None:
+            return request.static_text
+        n = len(self._committed_ids)          # _n_extended has checked that static extends it
+        return self._committed_text + self._text_of(request.static_ids[n:], None)
 
     def _body(self, prompt: list[int] | str, *, max_tokens: int, stop: Sequence[str]) -> dict:
         body = {"model": self.model, "prompt": prompt, "max_tokens": int(max_tokens),
