@@ -6,8 +6,9 @@
         resource = make_resource("openai", url=llama_server.url)
 
 `llama_server` is one server per test session (loopback, a free port, n_ctx 8192, one
-thread); `fresh_llama_server` is one per test, for tests that kill and restart it. Both skip
-with the reason when llama-cpp-python or the model is not installed.
+thread); `fresh_llama_server` is one per test, for tests that kill and restart it;
+`llama_server_pair` is two per test (R1 and R2 for ASR). All skip with the reason when
+llama-cpp-python or the model is not installed.
 """
 
 from __future__ import annotations
@@ -82,3 +83,17 @@ def fresh_llama_server(tmp_path):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def llama_server_pair(tmp_path):
+    """Two servers (R1, R2) on two free ports, for ASR over HTTP."""
+    gguf = _gguf_or_skip()
+    servers = [LlamaServer(gguf, tmp_path / f"server{i}.log") for i in (1, 2)]
+    try:
+        for server in servers:
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
