@@ -160,6 +160,24 @@ class SeqOrderer:
     def gap(self) -> FetchRequest | None:
         return self._request_gap()
 
+    def probe(self) -> FetchRequest | None:
+        """At start: ask for everything from next_seq to the newest (end_seq 0), so a node that
+        joins while the stream is quiet still gets the history."""
+        if self._fetching is not None:
+            return None
+        self._fetching = FetchRequest(start_seq=self.next_seq, end_seq=0)
+        self.counters.fetches += 1
+        return self._fetching
+
+    def fetched_all(self, events: Sequence[ChunkEvent], first_available_seq: int) -> Step:
+        """The answer to `probe`: like `fetched`, and what is older than the oldest available
+        chunk is given up even when nothing newer is held yet."""
+        step = self.fetched(events, first_available_seq)
+        if self.next_seq < first_available_seq and not self._held:
+            items = self._skip_to(first_available_seq)
+            return Step(step.items + tuple(items), step.fetch)
+        return step
+
     def _drain(self) -> list[ChunkEvent]:
         out = []
         while self.next_seq in self._held:
@@ -238,8 +256,12 @@ class StateFold:
         return self._apply(self.order.fetch_failed())
 
     def on_swap(self, event: SwapEvent) -> bool:
-        """Apply a version change; False (and counted) for a version that is not newer."""
-        if event.version <= self.state.version:
+        """Apply a version change; False (and counted) for a version that is not newer.
+
+        A 'start' event is the reconciler's first after a (re)start: it resets the version even
+        to a lower one, since a reconciler that restarted without its chunk log counts anew."""
+        restarted = event.reason == "start" and event.version != self.state.version
+        if event.version <= self.state.version and not restarted:
             self.counters.stale_swaps += 1
             if event.version == self.state.version and event.primary:
                 self.primary, self.primary_url = event.primary, event.primary_url
@@ -257,6 +279,12 @@ class StateFold:
 
     def gap(self) -> FetchRequest | None:
         return self.order.gap()
+
+    def probe(self) -> FetchRequest | None:
+        return self.order.probe()
+
+    def on_fetched_all(self, chunks: Sequence[ChunkEvent], first_available_seq: int) -> FetchRequest | None:
+        return self._apply(self.order.fetched_all(chunks, first_available_seq))
 
     def _apply(self, step: Step) -> FetchRequest | None:
         for item in step.items:
@@ -281,9 +309,17 @@ def make_chunk(state: CsrState, event: ChunkEvent) -> tuple[Chunk, bool]:
         [chunk] = state.make_chunks(event.text, source=event.source, stamp_ns=event.stamp_ns)
         return chunk, False
     except ChunkError:
-        [chunk] = state.make_chunks(f"{event.source or 'chunk'}: [chunk {event.seq} refused]",
-                                    source=event.source, stamp_ns=event.stamp_ns)
+        [chunk] = state.make_chunks(refused_text(event), source=event.source,
+                                    stamp_ns=event.stamp_ns)
         return chunk, True
+
+
+def refused_text(event: ChunkEvent) -> str:
+    return f"{event.source or 'chunk'}: [chunk {event.seq} refused]"
+
+
+def lost_text(seq: int) -> str:
+    return f"[chunk {seq} lost]"
 
 
 def chunk_events(chunks: Sequence[Chunk]) -> list[ChunkEvent]:
@@ -372,8 +408,9 @@ class QueryStats:
     cached_tokens: int = 0           # over the queries whose server reported cached tokens
     reported_prompt_tokens: int = 0
 
-    def record(self, result: QueryResult, version: int) -> None:
-        self.ttfts_s.append(result.ttft_s)
+    def record(self, result: QueryResult, version: int, *, ttft_s: float | None = None) -> None:
+        """`ttft_s`: when the caller measured it (e.g. including a wait behind other work)."""
+        self.ttfts_s.append(result.ttft_s if ttft_s is None else ttft_s)
         self.last, self.last_version, self.last_error = result, version, ""
         if result.cached_tokens is not None:
             self.cached_tokens += int(result.cached_tokens)
@@ -396,20 +433,21 @@ class Diagnosis:
     values: tuple[tuple[str, str], ...]
 
 
-def diagnose(fold: StateFold, scheduler: QueryScheduler, stats: QueryStats) -> Diagnosis:
-    values: list[tuple[str, str]] = [
-        ("version", str(int(fold.version))),
-        ("primary", fold.primary or "-"),
-        ("chunks", str(len(fold.state.chunks))),
-        ("next_seq", str(fold.next_seq)),
-        ("static_tokens", str(fold.state.n_static)),
-        ("queries", str(scheduler.finished)),
-        ("failed_queries", str(scheduler.failed)),
-        ("skipped_ticks", str(scheduler.skipped)),
-        ("lost_chunks", str(fold.lost)),
-        ("held_chunks", str(fold.n_held)),
-        ("rejected_chunks", str(fold.counters.rejected)),
-    ]
+def state_view(fold: StateFold) -> dict:
+    """The figures `diagnose` reports about a state, from the policy's own fold."""
+    return {"version": int(fold.version), "primary": fold.primary or "-",
+            "chunks": len(fold.state.chunks), "next_seq": fold.next_seq,
+            "static_tokens": fold.state.n_static, "lost_chunks": fold.lost,
+            "held_chunks": fold.n_held, "rejected_chunks": fold.counters.rejected}
+
+
+def diagnose(state: StateFold | Mapping, scheduler: QueryScheduler, stats: QueryStats) -> Diagnosis:
+    """Level, message and key/values for /diagnostics. `state` is a fold or a mapping with the
+    keys of `state_view` (e.g. made from a reconciliation driver's snapshot)."""
+    view = state_view(state) if isinstance(state, StateFold) else dict(state)
+    values: list[tuple[str, str]] = [(k, str(v)) for k, v in view.items()]
+    values += [("queries", str(scheduler.finished)), ("failed_queries", str(scheduler.failed)),
+               ("skipped_ticks", str(scheduler.skipped))]
     if stats.ttfts_s:
         values += [("ttft_s", f"{stats.ttfts_s[-1]:.3f}"),
                    ("ttft_mean_s", f"{statistics.fmean(stats.ttfts_s):.3f}")]
@@ -423,9 +461,123 @@ def diagnose(fold: StateFold, scheduler: QueryScheduler, stats: QueryStats) -> D
     if stats.ttfts_s and stats.ttfts_s[-1] > scheduler.period_s:
         level, message = WARN, (f"TTFT {stats.ttfts_s[-1]:.2f} s exceeds the query period "
                                 f"{scheduler.period_s:.2f} s: ticks are being skipped")
-    if fold.lost:
-        level, message = WARN, f"{fold.lost} chunks were lost (not available to fetch)"
+    if view.get("lost_chunks"):
+        level, message = WARN, f"{view['lost_chunks']} chunks were lost (not available to fetch)"
     if stats.last_error:
         level, message = ERROR, f"last query failed: {stats.last_error}"
     return Diagnosis(level=level, message=message, values=tuple(values))
 
+
+
+# -- swap reports (what the reconciler publishes on csr/swaps) ----------------------------------
+
+@dataclass(frozen=True)
+class OpTiming:
+    resource: str
+    kind: str            # load | extend
+    started_s: float     # monotonic
+    seconds: float
+    n_tokens: int
+    ok: bool
+
+
+class TimedResource:
+    """A Resource that records how long each load/extend took (for SwapEvent's figures)."""
+
+    def __init__(self, inner, ops: list, clock):
+        self._inner = inner
+        self._ops = ops
+        self._clock = clock
+        self.name = inner.name
+        self.max_context_tokens = inner.max_context_tokens
+
+    @property
+    def n_committed(self) -> int:
+        return self._inner.n_committed
+
+    def load(self, ids, text=None, **kw):
+        return self._timed("load", ids, lambda: self._inner.load(ids, text, **kw))
+
+    def extend(self, ids, text=None, **kw):
+        return self._timed("extend", ids, lambda: self._inner.extend(ids, text, **kw))
+
+    def query(self, request, **kw):
+        return self._inner.query(request, **kw)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def _timed(self, kind, ids, call):
+        started = self._clock()
+        ok = False
+        try:
+            result = call()
+            ok = True
+            return result
+        finally:
+            self._ops.append(OpTiming(self.name, kind, started, self._clock() - started,
+                                      len(ids), ok))
+
+
+@dataclass(frozen=True)
+class SwapReport:
+    version: int
+    reason: str
+    primary: str
+    evicted_before_seq: int
+    caught_up_to_seq: int
+    static_tokens: int
+    window_s: float
+    warmup_s: float
+    catchup_s: float
+    catchup_rounds: int
+
+
+def swap_report(snapshot: Mapping, *, reason: str, committed_tokens: int | None,
+                window: tuple[float, float | None] | None, ops: Sequence[OpTiming]) -> SwapReport:
+    """The SwapEvent of the version in a driver `snapshot` (its active chunks are contiguous,
+    so the first kept seq is next_seq - n_chunks). Warm-up is the newest successful load on the
+    new primary, catch-up the successful extends on it after that load."""
+    primary = snapshot["primary"]
+    mine = [op for op in ops if op.resource == primary and op.ok]
+    loads = [i for i, op in enumerate(mine) if op.kind == "load"]
+    warm = mine[loads[-1]] if loads and reason == "swap" else None
+    extends = [op for op in mine[loads[-1] + 1:] if op.kind == "extend"] if warm else []
+    window_s = 0.0
+    if window is not None and window[1] is not None:
+        window_s = window[1] - window[0]
+    return SwapReport(
+        version=int(snapshot["version"]), reason=reason, primary=primary,
+        evicted_before_seq=int(snapshot["next_seq"]) - int(snapshot["n_chunks"]),
+        caught_up_to_seq=int(snapshot["next_seq"]),
+        static_tokens=int(committed_tokens if committed_tokens is not None
+                          else snapshot["n_static_tokens"]),
+        window_s=window_s, warmup_s=warm.seconds if warm else 0.0,
+        catchup_s=sum(op.seconds for op in extends), catchup_rounds=len(extends))
+
+
+# -- the state every node builds from the same parameters ---------------------------------------
+
+def state_from_params(params: Mapping, tokenizer) -> CsrState:
+    """The empty CsrState of the `model`/`mode`/`profile` parameters (policy and reconciler
+    must build the same one, or their tokens differ)."""
+    from pathlib import Path
+
+    from csr_ros.chunks import ChunkPolicy
+    from csr_ros.layout import Layout
+
+    profile = params["profile"]
+    if params.get("profile_file"):
+        path = Path(params["profile_file"]).expanduser()
+        try:
+            profile = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"profile_file {path}: {exc.strerror}") from None
+    layout = Layout.from_tokenizer(tokenizer, use_chat_template=params["use_chat_template"])
+    # truncate, never split: one StateChunk is one Chunk with the same seq on every node
+    policy = ChunkPolicy(max_chunk_tokens=params["max_chunk_tokens"], oversize="truncate")
+    return CsrState(tokenizer=tokenizer, layout=layout, profile=profile, mode=params["mode"],
+                    policy=policy)

@@ -59,7 +59,7 @@ TOPICS = [
 ]
 
 CHUNKS = [
-    _p("chunk_log", "", "chunk log directory for late joiners beyond the ring ('' = none)"),
+    _p("chunk_log", "", "chunk log file (crash-safe history; '' = none)"),
 ]
 
 AGGREGATOR = TOPICS + CHUNKS + [
@@ -128,13 +128,16 @@ RECONCILER = TOPICS + CHUNKS + STATE + RESOURCE + [
     _p("tau_mem_tokens", 6144, "static tokens that trigger reconciliation (eviction)",
        min_value=1),
     _p("n_catchup_tokens", 256, "catch up while the buffer holds more than this", min_value=0),
+    _p("reserve_tokens", 512, "room kept for the dynamic part and the answer of one query",
+       min_value=0),
+    _p("startup_timeout_s", 600.0, "keep retrying to reach the resources this long",
+       positive=True),
     _p("eviction.policy", "oldest_fraction", "eviction policy",
        choices=("oldest_fraction", "keep_recent_tokens")),
     _p("eviction.fraction", 0.5, "oldest_fraction: share of the chunks dropped",
        positive=True),
     _p("eviction.keep_tokens", 2048, "keep_recent_tokens: chunk tokens kept", min_value=0),
-    _p("republish_s", 0.0, "re-publish the latest SwapEvent this often (0 = only on swaps)",
-       min_value=0.0),
+    _p("poll_hz", 10.0, "how often the driver is checked for a new version", positive=True),
 ]
 
 SCHEMAS: dict[str, list[ParamSpec]] = {"aggregator": AGGREGATOR, "policy": POLICY,

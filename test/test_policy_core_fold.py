@@ -167,3 +167,15 @@ def test_the_orderer_drops_held_events_that_were_evicted():
     step = order.advance_to(5)
     assert step.items == () and step.fetch is None   # the first fetch (0..2) is still running
     assert order.n_held == 1 and order.next_seq == 5
+
+
+def test_a_start_probe_fetches_the_history_of_a_quiet_stream(fold):
+    assert fold.probe() == FetchRequest(start_seq=0, end_seq=0)
+    assert fold.on_fetched_all([event(5), event(6)], first_available_seq=5) is None
+    assert [c.seq for c in fold.state.chunks] == [5, 6] and fold.lost == 5
+
+
+def test_a_restarted_reconciler_resets_the_version_with_its_start_event(fold):
+    fold.on_swap(SwapEvent(version=4, primary="r2", evicted_before_seq=0))
+    assert fold.on_swap(SwapEvent(version=0, primary="r1", evicted_before_seq=0, reason="start"))
+    assert fold.version == 0 and fold.primary == "r1"

@@ -1,0 +1,199 @@
+"""The aggregator node: the robot's topics → rendered, rate-limited StateChunks.
+
+    subscriptions (one per source, QoS matched to the publishers as `ros2 topic echo` does)
+      → Coalescer (per-source minimum period, newest value kept)
+      → render (compact, stable text)
+      → csr/chunks   StateChunk, gap-free seq          (history)
+        csr/instant  StateChunk                        ('instant' sources: the dynamic suffix)
+    csr/get_chunks   GetChunks: a bounded ring, then the chunk log, for late joiners
+
+With a chunk log the seq continues across restarts; without one a restarted aggregator starts
+again at 0, and the other nodes must be restarted with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import deque
+
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+
+from csr_ros import ros_params
+from csr_ros.chunklog import ChunkLog, ChunkRecord
+from csr_ros.errors import ConfigError
+from csr_ros.msg import StateChunk
+from csr_ros.nodes.common import (CHUNKS_QOS, INSTANT_QOS, declare, resolve_message_type, run,
+                                  time_msg)
+from csr_ros.render import Coalescer, Emission, header_stamp_ns, render
+from csr_ros.ros_params import QosChoice, SourceConfig, match_publishers
+from csr_ros.srv import GetChunks
+from csr_ros.state import Chunk, Seq
+
+SOURCE_DEPTH = 10            # per-source subscription queue; the coalescer keeps the newest
+MAX_CHUNKS_PER_ANSWER = 2000
+
+
+class AggregatorNode(Node):
+    def __init__(self, **kwargs):
+        super().__init__("aggregator", **kwargs)
+        values = declare(self, ros_params.AGGREGATOR)
+        for name in values.get("sources", []):
+            values.update(declare(self, ros_params.source_schema(name)))
+        self.params = ros_params.validate("aggregator", values,
+                                          resolve_type=resolve_message_type)
+        self.sources: dict[str, SourceConfig] = {s.name: s for s in self.params["sources"]}
+        self.message_types = {s.name: resolve_message_type(s.type_name)
+                              for s in self.sources.values()}
+
+        self.coalescer = Coalescer({s.name: s.period_s for s in self.sources.values()})
+        self.ring: deque[StateChunk] = deque(maxlen=self.params["ring_size"])
+        self.chunk_log = ChunkLog(self.params["chunk_log"]) if self.params["chunk_log"] else None
+        self.next_seq = self._restore_seq()
+        self.instant_seq = itertools.count()
+        self.render_errors: dict[str, int] = {}
+
+        self.chunk_pub = self.create_publisher(StateChunk, self.params["topics.chunks"],
+                                               CHUNKS_QOS)
+        self.instant_pub = self.create_publisher(StateChunk, self.params["topics.instant"],
+                                                 INSTANT_QOS)
+        self.get_chunks_srv = self.create_service(GetChunks, self.params["services.get_chunks"],
+                                                  self.get_chunks_callback)
+        self.source_subs = {}
+        self.source_qos: dict[str, QosChoice] = {}
+        for source in self.sources.values():
+            self._subscribe(source)
+        self.poll_timer = self.create_timer(1.0 / self.params["poll_hz"], self.poll_callback)
+        self.qos_timer = self.create_timer(self.params["qos_recheck_s"], self.qos_recheck_callback)
+        self.get_logger().info(
+            f"aggregating {len(self.sources)} sources into {self.params['topics.chunks']} "
+            f"from seq {self.next_seq}: " + ", ".join(
+                f"{s.name}={s.topic}{' (instant)' if s.instant else ''}"
+                for s in self.sources.values()))
+
+    # -- subscriptions -------------------------------------------------------------------------
+
+    def _publisher_qos(self, topic: str) -> QosChoice:
+        infos = self.get_publishers_info_by_topic(topic)
+        return match_publishers([
+            (i.qos_profile.reliability == ReliabilityPolicy.RELIABLE,
+             i.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL) for i in infos])
+
+    def _subscribe(self, source: SourceConfig) -> None:
+        choice = self._publisher_qos(source.topic)
+        qos = QoSProfile(depth=SOURCE_DEPTH,
+                         reliability=ReliabilityPolicy.RELIABLE if choice.reliable
+                         else ReliabilityPolicy.BEST_EFFORT,
+                         durability=DurabilityPolicy.TRANSIENT_LOCAL if choice.transient_local
+                         else DurabilityPolicy.VOLATILE)
+        old = self.source_subs.pop(source.name, None)
+        if old is not None:
+            self.destroy_subscription(old)
+        self.source_subs[source.name] = self.create_subscription(
+            self.message_types[source.name], source.topic,
+            functools.partial(self.message_callback, source.name), qos)
+        self.source_qos[source.name] = choice
+        self.get_logger().debug(f"{source.name}: {source.topic} with {choice}")
+
+    def qos_recheck_callback(self) -> None:
+        """Publishers that appear later may offer better QoS than what we subscribed with."""
+        for source in self.sources.values():
+            choice = self._publisher_qos(source.topic)
+            if choice.matched and choice != self.source_qos[source.name]:
+                self.get_logger().info(f"{source.name}: publishers changed, resubscribing "
+                                       f"(reliable={choice.reliable}, "
+                                       f"transient_local={choice.transient_local})")
+                self._subscribe(source)
+
+    # -- messages → chunks ---------------------------------------------------------------------
+
+    def message_callback(self, source_name: str, msg) -> None:
+        now_ns = self.get_clock().now().nanoseconds
+        emission = self.coalescer.offer(source_name, (msg, now_ns), now_ns)
+        if emission is not None:
+            self._publish(emission)
+
+    def poll_callback(self) -> None:
+        for emission in self.coalescer.poll(self.get_clock().now().nanoseconds):
+            self._publish(emission)
+
+    def _publish(self, emission: Emission) -> None:
+        source = self.sources[emission.key]
+        msg, received_ns = emission.value
+        try:
+            text = render(msg, label=source.label, type_name=source.type_name,
+                          options=source.render)
+        except ConfigError as exc:
+            # a field selection that does not fit the message: counted and logged, never silent
+            count = self.render_errors[source.name] = self.render_errors.get(source.name, 0) + 1
+            self.get_logger().error(f"{source.name}: cannot render ({count} so far): {exc}",
+                                    throttle_duration_sec=10.0)
+            return
+        stamp_ns = header_stamp_ns(msg) or received_ns
+        out = StateChunk(stamp=time_msg(stamp_ns), source=source.name, text=text,
+                         token_count=0, coalesced=emission.n_coalesced)
+        if source.instant:
+            out.seq = next(self.instant_seq)
+            self.instant_pub.publish(out)
+            return
+        out.seq = self.next_seq
+        self.next_seq += 1
+        self.ring.append(out)
+        if self.chunk_log is not None:
+            self.chunk_log.append_chunk(Chunk(seq=Seq(out.seq), source=source.name,
+                                              stamp_ns=stamp_ns, text=text, token_ids=()))
+        self.chunk_pub.publish(out)
+
+    # -- late joiners --------------------------------------------------------------------------
+
+    def get_chunks_callback(self, request, response):
+        end = request.end_seq or self.next_seq
+        limit = min(request.max_chunks or MAX_CHUNKS_PER_ANSWER, MAX_CHUNKS_PER_ANSWER)
+        start = max(request.start_seq, self._first_available_seq())
+        chunks = []
+        ring_first = self.ring[0].seq if self.ring else self.next_seq
+        if start < ring_first and self.chunk_log is not None:
+            for record in self.chunk_log.records:
+                if isinstance(record, ChunkRecord) and start <= record.seq < min(end, ring_first):
+                    chunks.append(StateChunk(stamp=time_msg(record.stamp_ns), seq=int(record.seq),
+                                             source=record.source, text=record.text))
+                    if len(chunks) >= limit:
+                        break
+        for chunk in self.ring:
+            if len(chunks) >= limit:
+                break
+            if max(start, ring_first) <= chunk.seq < end:
+                chunks.append(chunk)
+        response.chunks = chunks
+        response.first_available_seq = self._first_available_seq()
+        response.next_seq = self.next_seq
+        return response
+
+    def _first_available_seq(self) -> int:
+        if self.chunk_log is not None:
+            for record in self.chunk_log.records:
+                if isinstance(record, ChunkRecord):
+                    return int(record.seq)
+        return self.ring[0].seq if self.ring else self.next_seq
+
+    def _restore_seq(self) -> int:
+        if self.chunk_log is None:
+            return 0
+        seqs = [r.seq for r in self.chunk_log.records if isinstance(r, ChunkRecord)]
+        return int(seqs[-1]) + 1 if seqs else 0
+
+    def close(self) -> None:
+        if self.context.ok():          # still up (not stopped by Ctrl-C): send what is held
+            for emission in self.coalescer.flush(self.get_clock().now().nanoseconds):
+                self._publish(emission)
+        if self.chunk_log is not None:
+            self.chunk_log.close()
+
+
+def main(args=None) -> int:
+    return run(AggregatorNode, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""What the three nodes share: parameter declaration from the pure schemas, named QoS
+profiles, message conversions, and the standard main()."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Sequence
+
+import rclpy
+from builtin_interfaces.msg import Time
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.exceptions import InvalidParameterTypeException, ParameterUninitializedException
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+
+from csr_ros.errors import ConfigError, CsrError
+from csr_ros.policy_core import ChunkEvent
+from csr_ros.ros_params import ParamSpec
+
+# The chunk stream must not lose a chunk under a burst (a bag replayed fast, many sources at
+# once): reliable, and deep enough that a slow subscriber catches up before keep-last drops.
+CHUNKS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000,
+                        reliability=ReliabilityPolicy.RELIABLE,
+                        durability=DurabilityPolicy.VOLATILE)
+# Instant values: only the newest of each source matters.
+INSTANT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50,
+                         reliability=ReliabilityPolicy.RELIABLE,
+                         durability=DurabilityPolicy.VOLATILE)
+# The active version: latched, so a node that starts later learns it at once.
+SWAPS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+                       reliability=ReliabilityPolicy.RELIABLE,
+                       durability=DurabilityPolicy.TRANSIENT_LOCAL)
+DECISIONS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
+                           reliability=ReliabilityPolicy.RELIABLE,
+                           durability=DurabilityPolicy.VOLATILE)
+# What diagnostic_aggregator and rqt_robot_monitor subscribe with.
+DIAGNOSTICS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
+                             reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.VOLATILE)
+
+_ARRAY_TYPES = {str: Parameter.Type.STRING_ARRAY, int: Parameter.Type.INTEGER_ARRAY,
+                float: Parameter.Type.DOUBLE_ARRAY, bool: Parameter.Type.BOOL_ARRAY}
+
+
+def declare(node: Node, specs: Sequence[ParamSpec]) -> dict[str, Any]:
+    """Declare every spec (description, default, read-only) and return the values.
+
+    A parameter without a usable default (an empty list) is declared statically typed and
+    uninitialized; it is left out of the result unless the params file sets it.
+    """
+    values: dict[str, Any] = {}
+    for spec in specs:
+        constraints = f"one of {list(spec.choices)}" if spec.choices else ""
+        descriptor = ParameterDescriptor(description=spec.description, read_only=True,
+                                         additional_constraints=constraints)
+        default = spec.default
+        if isinstance(default, list) and not default:
+            default = _ARRAY_TYPES[spec.element or str]
+        try:
+            node.declare_parameter(spec.name, default, descriptor)
+            value = node.get_parameter(spec.name).value
+        except ParameterUninitializedException:
+            continue
+        except InvalidParameterTypeException as exc:
+            hint = ""
+            if spec.kind is float:
+                hint = " (ROS 2 parameters are typed: write 2.0, not 2)"
+            raise ConfigError(f"{node.get_name()}: {spec.name}: {exc}{hint}") from None
+        values[spec.name] = list(value) if isinstance(default, Parameter.Type) or \
+            isinstance(spec.default, list) else value
+    return values
+
+
+def time_msg(stamp_ns: int) -> Time:
+    return Time(sec=int(stamp_ns // 1_000_000_000), nanosec=int(stamp_ns % 1_000_000_000))
+
+
+def time_ns(stamp: Time) -> int:
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+def chunk_event(msg) -> ChunkEvent:
+    """A StateChunk as the pure fold sees it."""
+    return ChunkEvent(seq=int(msg.seq), source=msg.source, stamp_ns=time_ns(msg.stamp),
+                      text=msg.text)
+
+
+def resolve_message_type(type_name: str):
+    """'pkg/msg/Name' → the generated class; raises if the package is not installed."""
+    from rosidl_runtime_py.utilities import get_message
+
+    return get_message(type_name)
+
+
+def run(make_node: Callable[[], Node], args: Sequence[str] | None = None, *,
+        threads: int | None = None) -> int:
+    """Standard main(): init, spin, clean shutdown on Ctrl-C; a ConfigError exits with 2."""
+    rclpy.init(args=args)
+    node = None
+    executor = MultiThreadedExecutor(num_threads=threads) if threads else None
+    try:
+        node = make_node()
+        if executor is None:
+            rclpy.spin(node)
+        else:
+            executor.add_node(node)
+            executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    except CsrError as exc:
+        print(f"[{getattr(node, 'get_name', lambda: 'csr_ros')()}] error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if executor is not None:
+            executor.shutdown()
+        if node is not None:
+            close = getattr(node, "close", None)
+            if close is not None:
+                close()
+            node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+def load_tokenizer(params) -> tuple[object, str]:
+    """The tokenizer of the `model`/`tokenizer` parameters, and the model directory it uses."""
+    from pathlib import Path
+
+    from csr_ros.model_store import resolve_model_dir
+
+    if params["tokenizer"] == "server":
+        from csr_ros.resources.remote_tokenizer import RemoteTokenizer
+
+        # the server tokenizes; the directory only needs the template and special-token files
+        path = Path(params["model"]).expanduser()
+        model_dir = path if path.is_dir() else resolve_model_dir(params["model"], weights=False)
+
+        return RemoteTokenizer(params["resource.urls"][0], model_dir=model_dir,
+                               model=params["resource.served_model"] or None), str(model_dir)
+    from csr_ros.tokenizer import HFTokenizer
+
+    model_dir = resolve_model_dir(params["model"], weights=False)
+    return HFTokenizer(model_dir), str(model_dir)

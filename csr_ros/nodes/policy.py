@@ -1,0 +1,315 @@
+"""The policy node: decisions at rate_hz over the cached state.
+
+    csr/chunks, csr/swaps ──▶ StateFold (gap-free; GetChunks for what it missed)
+    csr/instant ───────────▶ latest value per source → dynamic suffix
+    timer at rate_hz ──────▶ QueryScheduler: a query starts only if none is running
+                             (skipped ticks are counted) → query worker thread
+    query worker ──────────▶ the primary (its URL from the latest SwapEvent) → csr/decisions
+    csr/query (service) ───▶ the same, on demand, after the running query
+    /diagnostics ◀───────── TTFT, cache hits, version, skipped ticks, lost chunks (1 Hz)
+
+The query runs on its own thread, so the executor keeps folding chunks and answering services
+while a model computes. Inside all_in_one the node is given the in-process reconciliation
+driver instead, which builds each request against its active version and routes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.node import Node
+
+from csr_ros import ros_params
+from csr_ros.errors import ConfigError, CsrError
+from csr_ros.msg import PolicyDecision, StateChunk
+from csr_ros.msg import SwapEvent as SwapEventMsg
+from csr_ros.nodes.common import (CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS,
+                                  SWAPS_QOS, chunk_event, declare, load_tokenizer, run,
+                                  time_msg, time_ns)
+from csr_ros.policy_core import (ERROR, OK, WARN, FetchRequest, InstantValue, QueryScheduler,
+                                 QueryStats, StateFold, SwapEvent, build_suffix, diagnose,
+                                 state_from_params)
+from csr_ros.srv import GetChunks, Query
+
+_LEVELS = {OK: DiagnosticStatus.OK, WARN: DiagnosticStatus.WARN, ERROR: DiagnosticStatus.ERROR}
+
+
+class PolicyNode(Node):
+    def __init__(self, *, driver=None, **kwargs):
+        super().__init__("policy", **kwargs)
+        self.params = ros_params.validate("policy", declare(self, ros_params.POLICY))
+        p = self.params
+        if p["resource.kind"] == "local" and driver is None:
+            msg = ("policy: resource.kind 'local' runs the model inside the reconciler's process;"
+                   " use `ros2 launch csr_ros all.launch.py` (all_in_one), or 'openai' servers")
+            raise ConfigError(msg)
+        self.driver = driver
+        self.lock = threading.Condition()      # fold, scheduler, stats, instant values
+        self.scheduler = QueryScheduler(rate_hz=p["rate_hz"])
+        self.stats = QueryStats()
+        self.instant: dict[str, InstantValue] = {}
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="csr-policy-query")
+        self.http_resources: dict[str, tuple[int, object]] = {}   # url → (version, resource)
+        self.fold: StateFold | None = None
+        if driver is None:
+            self.tokenizer, self.model_dir = load_tokenizer(p)
+            self.fold = StateFold(state_from_params(p, self.tokenizer))
+        self.fetch_id = 0
+        self.fetch_started_s = 0.0
+
+        # Events are folded one at a time; services and client answers may run alongside.
+        self.events_group = MutuallyExclusiveCallbackGroup()
+        self.service_group = ReentrantCallbackGroup()
+        if driver is None:
+            self.chunks_sub = self.create_subscription(
+                StateChunk, p["topics.chunks"], self.chunk_callback, CHUNKS_QOS,
+                callback_group=self.events_group)
+            self.swaps_sub = self.create_subscription(
+                SwapEventMsg, p["topics.swaps"], self.swap_callback, SWAPS_QOS,
+                callback_group=self.events_group)
+            self.get_chunks_client = self.create_client(
+                GetChunks, p["services.get_chunks"], callback_group=self.service_group)
+            self.fetch_timer = self.create_timer(0.5, self.fetch_watchdog_callback,
+                                                 callback_group=self.events_group)
+            self.probe_timer = self.create_timer(0.5, self.probe_callback,
+                                                 callback_group=self.events_group)
+        self.instant_sub = self.create_subscription(
+            StateChunk, p["topics.instant"], self.instant_callback, INSTANT_QOS,
+            callback_group=self.events_group)
+        self.decision_pub = self.create_publisher(PolicyDecision, p["topics.decisions"],
+                                                  DECISIONS_QOS)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics",
+                                                     DIAGNOSTICS_QOS)
+        self.query_srv = self.create_service(Query, p["services.query"], self.query_callback,
+                                             callback_group=self.service_group)
+        self.tick_timer = self.create_timer(self.scheduler.period_s, self.tick_callback,
+                                            callback_group=self.events_group)
+        self.diagnostics_timer = self.create_timer(1.0, self.diagnostics_callback,
+                                                   callback_group=self.events_group)
+        where = "in-process driver" if driver else f"servers {p['resource.urls']}"
+        self.get_logger().info(f"deciding at {p['rate_hz']} Hz over {where}")
+
+    # -- state events --------------------------------------------------------------------------
+
+    def chunk_callback(self, msg: StateChunk) -> None:
+        with self.lock:
+            self._fetch(self.fold.on_chunk(chunk_event(msg)))
+
+    def swap_callback(self, msg: SwapEventMsg) -> None:
+        event = SwapEvent(version=msg.version, primary=msg.primary, primary_url=msg.primary_url,
+                          evicted_before_seq=msg.evicted_before_seq,
+                          caught_up_to_seq=msg.caught_up_to_seq, reason=msg.reason)
+        with self.lock:
+            if self.fold.on_swap(event):
+                self.get_logger().info(f"v{msg.version} ({msg.reason}) on {msg.primary}: "
+                                       f"chunks from seq {msg.evicted_before_seq}")
+            self._fetch(self.fold.gap())
+
+    def instant_callback(self, msg: StateChunk) -> None:
+        with self.lock:
+            self.instant[msg.source] = InstantValue(msg.source, msg.text,
+                                                    self.get_clock().now().nanoseconds)
+
+    # -- late joining: GetChunks ---------------------------------------------------------------
+
+    def _fetch(self, request: FetchRequest | None) -> None:
+        """Under the lock: ask the aggregator for a missing range (one request at a time)."""
+        if request is None:
+            return
+        self.fetch_id += 1
+        self.fetch_started_s = time.monotonic()
+        self.get_logger().info(f"fetching chunks {request.start_seq}..{request.end_seq - 1}")
+        if not self.get_chunks_client.service_is_ready():
+            return                                   # the watchdog counts it as failed
+        future = self.get_chunks_client.call_async(
+            GetChunks.Request(start_seq=request.start_seq, end_seq=request.end_seq))
+        future.add_done_callback(functools.partial(self.fetched_callback, self.fetch_id,
+                                                   request.end_seq == 0))
+
+    def probe_callback(self) -> None:
+        """Once at start, when the aggregator answers: fetch the history before the first chunk."""
+        if not self.get_chunks_client.service_is_ready():
+            return
+        self.probe_timer.cancel()
+        with self.lock:
+            self._fetch(self.fold.probe())
+
+    def fetched_callback(self, fetch_id: int, probe: bool, future) -> None:
+        with self.lock:
+            if fetch_id != self.fetch_id:
+                return                               # answered after the watchdog gave up
+            self.fetch_id += 1
+            try:
+                response = future.result()
+            except Exception as exc:  # noqa: BLE001 - a failed call is a failed fetch
+                self.get_logger().warning(f"GetChunks failed: {exc}")
+                self._fetch(self.fold.on_fetch_failed())
+                return
+            events = [chunk_event(c) for c in response.chunks]
+            before = self.fold.lost
+            first = int(response.first_available_seq)
+            self._fetch(self.fold.on_fetched_all(events, first) if probe
+                        else self.fold.on_fetched(events, first))
+            if self.fold.lost > before:
+                self.get_logger().warning(
+                    f"{self.fold.lost - before} chunks are no longer available from the "
+                    f"aggregator (oldest it has: {response.first_available_seq}); skipped")
+
+    def fetch_watchdog_callback(self) -> None:
+        with self.lock:
+            if self.fold.order.fetching is None:
+                return
+            if time.monotonic() - self.fetch_started_s < self.params["fetch_timeout_s"]:
+                return
+            self.fetch_id += 1
+            self.get_logger().warning("GetChunks did not answer in time")
+            self._fetch(self.fold.on_fetch_failed())
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def tick_callback(self) -> None:
+        with self.lock:
+            if not self.scheduler.tick():
+                return
+            self._start_query(self.params["task"], "", self.params["max_new_tokens"])
+
+    def query_callback(self, request, response):
+        """On demand: wait for the running query, then take the slot."""
+        timeout_s = request.timeout_s or None
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self.lock:
+            while not self.scheduler.try_start():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    response.success, response.message = False, "timed out waiting for the " \
+                                                                 "running query"
+                    return response
+                self.lock.wait(timeout=0.1 if left is None else min(left, 0.1))
+            future = self._start_query(request.task or self.params["task"], request.suffix,
+                                       request.max_new_tokens or self.params["max_new_tokens"])
+        try:
+            decision = future.result(timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller
+            response.success, response.message = False, f"{type(exc).__name__}: {exc}"
+            return response
+        response.success, response.decision = True, decision
+        return response
+
+    def _start_query(self, task: str, extra_suffix: str, max_new_tokens: int) -> Future:
+        """Under the lock, with the scheduler slot taken: build, then run on the worker."""
+        now_ns = self.get_clock().now().nanoseconds
+        suffix = build_suffix(self.instant, now_ns, stale_s=self.params["stale_instant_s"])
+        if extra_suffix.strip():
+            suffix += "\n" + extra_suffix.strip()
+        if self.driver is not None:
+            job = functools.partial(self._query_driver, task, suffix, max_new_tokens, now_ns)
+        else:
+            request = self.fold.state.build_request(task=task, suffix=suffix)
+            url = self.fold.primary_url or self.params["resource.urls"][0]
+            name = self.fold.primary or "r1"
+            job = functools.partial(self._query_http, request, url, name, task, max_new_tokens,
+                                    now_ns)
+        future = self.worker.submit(job)
+        future.add_done_callback(self._query_done)
+        return future
+
+    def _query_http(self, request, url: str, name: str, task: str, max_new_tokens: int,
+                    started_ns: int) -> PolicyDecision:
+        """On the worker thread: answer on the primary server."""
+        resource = self._http_resource(url, name, int(request.version))
+        result = resource.query(request, max_new_tokens=max_new_tokens)
+        return self._decision(request, result, result.ttft_s, task, started_ns)
+
+    def _query_driver(self, task: str, suffix: str, max_new_tokens: int,
+                      started_ns: int) -> PolicyDecision:
+        outcome = self.driver.query(task, suffix=suffix, max_new_tokens=max_new_tokens)
+        if not outcome.ok:
+            raise CsrError(outcome.error)
+        return self._decision(outcome.request, outcome.result, outcome.ttft_s, task, started_ns)
+
+    def _http_resource(self, url: str, name: str, version: int):
+        """One client per server and version: after a swap the committed run it tracks is
+        another version's, so a fresh client starts from the server's cache state."""
+        from csr_ros.resources.factory import make_resource
+
+        cached = self.http_resources.get(url)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        if cached is not None:
+            cached[1].close()
+        p = self.params
+        resource = make_resource("openai", url=url, name=name,
+                                 model=p["resource.served_model"] or None,
+                                 tokenizer=self.tokenizer, model_dir=self.model_dir,
+                                 max_context_tokens=p["context_tokens"],
+                                 read_timeout_s=p["resource.timeout_s"])
+        self.http_resources[url] = (version, resource)
+        return resource
+
+    def _decision(self, request, result, ttft_s: float, task: str,
+                  started_ns: int) -> PolicyDecision:
+        decision = PolicyDecision(
+            stamp=time_msg(started_ns), query_id=int(request.query_id),
+            version=int(request.version), resource=result.resource, task=task, text=result.text,
+            ttft_s=float(ttft_s), decode_s=float(result.decode_s),
+            static_tokens=request.n_static, dynamic_tokens=request.n_dynamic,
+            extended_tokens=int(result.n_extended),
+            cached_tokens=-1 if result.cached_tokens is None else int(result.cached_tokens),
+            last_seq=int(request.last_seq or 0), truncated=result.finish_reason == "length")
+        with self.lock:
+            self.stats.record(result, int(request.version), ttft_s=float(ttft_s))
+        self.decision_pub.publish(decision)
+        return decision
+
+    def _query_done(self, future: Future) -> None:
+        exc = future.exception()
+        with self.lock:
+            self.scheduler.finish(ok=exc is None)
+            if exc is not None:
+                self.stats.record_error(f"{type(exc).__name__}: {exc}")
+            self.lock.notify_all()
+        if exc is not None:
+            self.get_logger().warning(f"query failed: {exc}", throttle_duration_sec=5.0)
+
+    # -- health --------------------------------------------------------------------------------
+
+    def diagnostics_callback(self) -> None:
+        with self.lock:
+            if self.driver is not None:
+                snap = self.driver.snapshot()
+                view = {"version": snap["version"], "primary": snap["primary"],
+                        "chunks": snap["n_chunks"], "next_seq": snap["next_seq"],
+                        "static_tokens": snap["n_static_tokens"], "phase": snap["phase"]}
+                d = diagnose(view, self.scheduler, self.stats)
+            else:
+                d = diagnose(self.fold, self.scheduler, self.stats)
+        status = DiagnosticStatus(level=_LEVELS[d.level], name=f"csr_ros: {self.get_name()}",
+                                  message=d.message, hardware_id=self.get_fully_qualified_name(),
+                                  values=[KeyValue(key=k, value=v) for k, v in d.values])
+        self.diagnostics_pub.publish(DiagnosticArray(header=_header(self), status=[status]))
+
+    def close(self) -> None:
+        self.worker.shutdown(wait=True, cancel_futures=True)
+        for _, resource in self.http_resources.values():
+            resource.close()
+
+
+def _header(node: Node):
+    from std_msgs.msg import Header
+
+    return Header(stamp=node.get_clock().now().to_msg())
+
+
+def main(args=None) -> int:
+    # Queries run on their own thread; a second executor thread keeps the Query service and
+    # GetChunks answers flowing while chunks are folded.
+    return run(PolicyNode, args, threads=4)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

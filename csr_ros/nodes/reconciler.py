@@ -1,0 +1,331 @@
+"""The reconciler node: asynchronous state reconciliation over two resources.
+
+    csr/chunks ──▶ SeqOrderer (gap-free; GetChunks for what it missed) ──▶ driver.add_chunk
+    driver (ASR machine + one worker per resource): warms R2 with the evicted state, catches
+    up, swaps ──▶ csr/swaps  SwapEvent (reliable, transient local, depth 1: a policy node that
+                             starts later learns the current version and primary at once)
+
+Start: the resources are built (servers are retried until `startup_timeout_s`, so the node may
+start before vLLM has loaded its model), the history the aggregator already has is fetched,
+then the driver loads the primary and a 'start' SwapEvent names it. With a chunk log the state
+(chunks and version) is rebuilt from it first, so a restart continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.node import Node
+
+from csr_ros import ros_params
+from csr_ros.chunklog import ChunkLog, rebuild_state
+from csr_ros.errors import ChunkError, ConfigError, ResourceError
+from csr_ros.eviction import make_policy
+from csr_ros.msg import StateChunk, SwapEvent
+from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, chunk_event, declare,
+                                  load_tokenizer, run)
+from csr_ros.policy_core import (ChunkEvent, FetchRequest, Lost, SeqOrderer, Step,
+                                 TimedResource, lost_text, make_chunk, refused_text,
+                                 state_from_params, swap_report)
+from csr_ros.reconcile.driver import Reconciler
+from csr_ros.reconcile.machine import ReconcileConfig
+from csr_ros.srv import GetChunks
+
+
+class ReconcilerNode(Node):
+    def __init__(self, **kwargs):
+        super().__init__("reconciler", **kwargs)
+        self.params = ros_params.validate("reconciler", declare(self, ros_params.RECONCILER))
+        p = self.params
+        self.lock = threading.RLock()          # orderer, state before the driver, publishing
+        self.tokenizer, self.model_dir = load_tokenizer(p)
+        self.chunk_log = ChunkLog(p["chunk_log"]) if p["chunk_log"] else None
+        state = state_from_params(p, self.tokenizer)
+        if self.chunk_log is not None and self.chunk_log.records:
+            state = rebuild_state(self.chunk_log.records, state)
+        self.state = state                     # fed directly until the driver takes it over
+        self.order = SeqOrderer(int(state.next_seq))
+        self.ops: list = []                    # load/extend timings of the resources
+        self.resources: list | None = None
+        self.driver: Reconciler | None = None
+        self.urls: dict[str, str] = {}
+        self.published_version: int | None = None
+        self.catching_up = True                # until the aggregator's history is folded
+        self.fetch_id = 0
+        self.fetch_started_s = 0.0
+        self.started_s = time.monotonic()
+        self.lost_while_running = 0
+
+        self.events_group = MutuallyExclusiveCallbackGroup()
+        self.client_group = ReentrantCallbackGroup()
+        self.chunks_sub = self.create_subscription(StateChunk, p["topics.chunks"],
+                                                   self.chunk_callback, CHUNKS_QOS,
+                                                   callback_group=self.events_group)
+        self.swaps_pub = self.create_publisher(SwapEvent, p["topics.swaps"], SWAPS_QOS)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics",
+                                                     DIAGNOSTICS_QOS)
+        self.get_chunks_client = self.create_client(GetChunks, p["services.get_chunks"],
+                                                    callback_group=self.client_group)
+        # building resources blocks on the network: its own group, so chunks keep flowing
+        self.start_timer = self.create_timer(1.0, self.start_callback,
+                                             callback_group=MutuallyExclusiveCallbackGroup())
+        self.poll_timer = self.create_timer(1.0 / p["poll_hz"], self.poll_callback,
+                                            callback_group=self.events_group)
+        self.fetch_timer = self.create_timer(0.5, self.fetch_watchdog_callback,
+                                             callback_group=self.events_group)
+        self.diagnostics_timer = self.create_timer(1.0, self.diagnostics_callback,
+                                                   callback_group=self.events_group)
+        self.get_logger().info(f"reconciling over {p['resource.kind']} resources from v"
+                               f"{state.version}, seq {state.next_seq}")
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start_callback(self) -> None:
+        """Retried every second: build the resources, fetch the history, start the driver."""
+        p = self.params
+        if self.resources is None:
+            try:
+                self.resources = self._build_resources()
+            except ResourceError as exc:
+                waited_s = time.monotonic() - self.started_s
+                if waited_s > p["startup_timeout_s"]:
+                    self.get_logger().fatal(f"resources unreachable for {waited_s:.0f} s: {exc}")
+                    self.start_timer.cancel()
+                    raise
+                self.get_logger().warning(f"waiting for the resources: {exc}",
+                                          throttle_duration_sec=15.0)
+                return
+        with self.lock:
+            if self.catching_up:
+                if self.order.fetching is None and self.get_chunks_client.service_is_ready():
+                    self._fetch(self.order.probe())
+                elif not self.get_chunks_client.service_is_ready() and \
+                        time.monotonic() - self.started_s > 5.0:
+                    self.get_logger().info("no GetChunks service; starting from live chunks")
+                    self.catching_up = False
+                if self.catching_up:
+                    return
+            self.start_timer.cancel()
+            self._start_driver()
+
+    def _build_resources(self) -> list:
+        from csr_ros.resources.factory import make_resource
+
+        p = self.params
+        names = ["r1", "r2"]
+        built = []
+        try:
+            if p["resource.kind"] == "local":
+                for name in names:
+                    built.append(make_resource("local", model=p["model"], name=name,
+                                               threads=p["resource.threads"] or None,
+                                               max_context_tokens=p["context_tokens"]))
+            else:
+                if len(p["resource.urls"]) != 2:
+                    raise ConfigError("reconciler: resource.urls must list exactly two URLs "
+                                      f"(R1 and R2), got {p['resource.urls']}")
+                for name, url in zip(names, p["resource.urls"]):
+                    built.append(make_resource(
+                        "openai", url=url, name=name, model=p["resource.served_model"] or None,
+                        tokenizer=self.tokenizer, model_dir=self.model_dir,
+                        max_context_tokens=p["context_tokens"],
+                        tau_mem_tokens=p["tau_mem_tokens"], read_timeout_s=p["resource.timeout_s"]))
+                    self.urls[name] = url
+        except Exception:
+            for resource in built:
+                resource.close()
+            raise
+        return [TimedResource(r, self.ops, time.monotonic) for r in built]
+
+    def _start_driver(self) -> None:
+        """Under the lock: the driver takes over the state folded so far."""
+        p = self.params
+        config = ReconcileConfig(tau_mem_tokens=p["tau_mem_tokens"],
+                                 max_context_tokens=p["context_tokens"],
+                                 reserve_tokens=p["reserve_tokens"],
+                                 n_catchup_tokens=p["n_catchup_tokens"])
+        if p["eviction.policy"] == "oldest_fraction":
+            policy = make_policy("oldest_fraction", fraction=p["eviction.fraction"])
+        else:
+            policy = make_policy("keep_recent_tokens", keep_tokens=p["eviction.keep_tokens"])
+        self.driver = Reconciler(self.state, self.resources, config, policy=policy,
+                                 chunk_log=self.chunk_log)
+        self.driver.start(wait=False)
+        self.state = None                      # the driver's machine owns it now
+        self._publish_version(reason="start")
+        self.get_logger().info(f"started: v{self.published_version} on "
+                               f"{self.driver.machine.primary}")
+
+    # -- chunks --------------------------------------------------------------------------------
+
+    def chunk_callback(self, msg: StateChunk) -> None:
+        with self.lock:
+            self._apply(self.order.offer(chunk_event(msg)))
+
+    def _apply(self, step: Step) -> None:
+        for item in step.items:
+            if isinstance(item, Lost):
+                self._lost(item)
+            else:
+                self._add(item)
+        self._fetch(step.fetch)
+
+    def _add(self, event: ChunkEvent) -> None:
+        if self.driver is None:
+            chunk, _ = make_chunk(self.state, event)
+            if self.chunk_log is not None:
+                self.chunk_log.append_chunk(chunk)
+            self.state.append(chunk)
+            return
+        try:
+            chunks = self.driver.add_chunk(event.text, source=event.source,
+                                           stamp_ns=event.stamp_ns)
+        except ChunkError as exc:
+            self.get_logger().warning(f"chunk {event.seq} refused ({exc}); a placeholder "
+                                      "keeps its seq")
+            chunks = self.driver.add_chunk(refused_text(event), source=event.source,
+                                           stamp_ns=event.stamp_ns)
+        assert chunks[-1].seq == event.seq, f"driver at seq {chunks[-1].seq}, event {event.seq}"
+
+    def _lost(self, lost: Lost) -> None:
+        if self.driver is None:
+            self.state.next_seq = lost.end_seq   # before the start nothing depends on them
+            self.get_logger().warning(f"chunks {lost.start_seq}..{lost.end_seq - 1} are no "
+                                      "longer available; starting after them")
+            return
+        # The running machine cannot skip seqs: each lost one becomes a short placeholder.
+        self.lost_while_running += lost.end_seq - lost.start_seq
+        self.get_logger().error(f"chunks {lost.start_seq}..{lost.end_seq - 1} lost while "
+                                "running; placeholders keep the seq")
+        for seq in range(lost.start_seq, lost.end_seq):
+            self.driver.add_chunk(lost_text(seq), source="lost", stamp_ns=0)
+
+    # -- GetChunks -----------------------------------------------------------------------------
+
+    def _fetch(self, request: FetchRequest | None) -> None:
+        if request is None:
+            return
+        self.fetch_id += 1
+        self.fetch_started_s = time.monotonic()
+        if not self.get_chunks_client.service_is_ready():
+            return
+        future = self.get_chunks_client.call_async(
+            GetChunks.Request(start_seq=request.start_seq, end_seq=request.end_seq))
+        future.add_done_callback(functools.partial(self.fetched_callback, self.fetch_id,
+                                                   request.end_seq == 0))
+
+    def fetched_callback(self, fetch_id: int, probe: bool, future) -> None:
+        with self.lock:
+            if fetch_id != self.fetch_id:
+                return
+            self.fetch_id += 1
+            try:
+                response = future.result()
+            except Exception as exc:  # noqa: BLE001 - a failed call is a failed fetch
+                self.get_logger().warning(f"GetChunks failed: {exc}")
+                self._apply(self.order.fetch_failed())
+                return
+            events = [chunk_event(c) for c in response.chunks]
+            first = int(response.first_available_seq)
+            self._apply(self.order.fetched_all(events, first) if probe
+                        else self.order.fetched(events, first))
+            if self.catching_up and self.order.fetching is None and \
+                    self.order.next_seq >= int(response.next_seq):
+                self.catching_up = False       # the history is in; start_callback starts
+
+    def fetch_watchdog_callback(self) -> None:
+        with self.lock:
+            if self.order.fetching is None or \
+                    time.monotonic() - self.fetch_started_s < 5.0:
+                return
+            self.fetch_id += 1
+            self.get_logger().warning("GetChunks did not answer in time")
+            self._apply(self.order.fetch_failed())
+            if self.catching_up and self.order.fetching is None:
+                self.catching_up = False
+
+    # -- swaps ---------------------------------------------------------------------------------
+
+    def poll_callback(self) -> None:
+        if self.driver is None:
+            return
+        with self.lock:
+            version = self.driver.snapshot()["version"]
+            if version != self.published_version:
+                reason = next((e.kind for e in reversed(self.driver.timeline)
+                               if e.kind in ("swap", "sync", "fallback", "failover")), "swap")
+                self._publish_version(reason=reason)
+
+    def _publish_version(self, *, reason: str) -> None:
+        snapshot = self.driver.snapshot()
+        swaps = self.driver.swaps
+        committed = len(swaps[-1].committed_ids) if reason == "swap" and swaps else None
+        window = self.driver.windows[-1] if self.driver.windows else None
+        report = swap_report(snapshot, reason=reason, committed_tokens=committed, window=window,
+                             ops=list(self.ops))
+        msg = SwapEvent(stamp=self.get_clock().now().to_msg(), version=report.version,
+                        reason=report.reason, primary=report.primary,
+                        primary_url=self.urls.get(report.primary, ""),
+                        evicted_before_seq=report.evicted_before_seq,
+                        caught_up_to_seq=report.caught_up_to_seq,
+                        static_tokens=report.static_tokens, window_s=report.window_s,
+                        warmup_s=report.warmup_s, catchup_s=report.catchup_s,
+                        catchup_rounds=report.catchup_rounds)
+        self.swaps_pub.publish(msg)
+        self.published_version = report.version
+        self.get_logger().info(f"v{report.version} ({reason}) on {report.primary}: chunks from "
+                               f"{report.evicted_before_seq}, {report.static_tokens} static "
+                               f"tokens, warm-up {report.warmup_s:.2f} s, catch-up "
+                               f"{report.catchup_s:.2f} s in {report.catchup_rounds} rounds")
+
+    # -- in-process use (all_in_one) and health ------------------------------------------------
+
+    def query(self, task: str, *, suffix: str = "", max_new_tokens: int = 8):
+        """For a policy node in the same process: build and route against the active version."""
+        if self.driver is None:
+            raise ResourceError("the reconciler has not started its resources yet")
+        return self.driver.query(task, suffix=suffix, max_new_tokens=max_new_tokens)
+
+    def snapshot(self) -> dict:
+        if self.driver is None:
+            return {"version": -1, "primary": "-", "n_chunks": 0, "next_seq": self.order.next_seq,
+                    "n_static_tokens": 0, "phase": "starting"}
+        return self.driver.snapshot()
+
+    def diagnostics_callback(self) -> None:
+        snap = self.snapshot()
+        level = DiagnosticStatus.OK
+        message = snap["phase"]
+        if self.driver is None:
+            level, message = DiagnosticStatus.WARN, "waiting for the resources"
+        elif snap.get("fallbacks") or self.lost_while_running:
+            level = DiagnosticStatus.WARN
+            message = (f"{snap.get('fallbacks', 0)} synchronous fallbacks, "
+                       f"{self.lost_while_running} chunks lost")
+        values = [KeyValue(key=k, value=str(v)) for k, v in snap.items()]
+        status = DiagnosticStatus(level=level, name=f"csr_ros: {self.get_name()}",
+                                  message=message, hardware_id=self.get_fully_qualified_name(),
+                                  values=values)
+        array = DiagnosticArray(status=[status])
+        array.header.stamp = self.get_clock().now().to_msg()
+        self.diagnostics_pub.publish(array)
+
+    def close(self) -> None:
+        if self.driver is not None:
+            self.driver.close()
+        for resource in self.resources or []:
+            resource.close()
+        if self.chunk_log is not None:
+            self.chunk_log.close()
+
+
+def main(args=None) -> int:
+    return run(ReconcilerNode, args, threads=4)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
