@@ -68,7 +68,7 @@ def robot_prompt(smollm2_engine):
     tokenizer = smollm2_engine.tokenizer
     state = CsrState(tokenizer=tokenizer, layout=Layout.from_tokenizer(tokenizer),
                      profile="You are the policy of a mobile robot. Answer with one action.")
-    for i in range(12):
+    for i in range(6):
         state.add(f"[t={i * 0.5:.1f}s] odom x={0.1 * i:.2f} y={0.05 * i:.2f} yaw={0.3 * i:.2f}; "
                   f"battery {95 - i}%; lidar min {1.5 - 0.1 * i:.2f} m ahead",
                   source="sensors", stamp_ns=i * 500_000_000)
