@@ -93,7 +93,6 @@ class OpenAIResource:
         self.url = url.rstrip("/")
         self.name = name
         self.model = model
-        self.prompt_mode_config = prompt_mode
         self.tau_mem_tokens = tau_mem_tokens
         self.headroom_tokens = headroom_tokens
         self.priority_scheduling = priority_scheduling
