@@ -555,8 +555,8 @@ def swap_report(snapshot: Mapping, *, reason: str, committed_tokens: int | None,
         caught_up_to_seq=int(snapshot["next_seq"]),
         static_tokens=int(committed_tokens if committed_tokens is not None
                           else snapshot["n_static_tokens"]),
-        window_s=window_s, warmup_s=warm.seconds if warm else 0.0,
-        catchup_s=sum(op.seconds for op in extends), catchup_rounds=len(extends))
+        window_s=float(window_s), warmup_s=float(warm.seconds) if warm else 0.0,
+        catchup_s=float(sum(op.seconds for op in extends)), catchup_rounds=len(extends))
 
 
 # -- the state every node builds from the same parameters ---------------------------------------

@@ -266,7 +266,7 @@ def _fmt_pairs(plain: Mapping[str, Plain], digits: int, max_array: int,
                prefix: str = "") -> list[str]:
     pairs = []
     for key, value in plain.items():
-        if value is None and not prefix and key in ("stamp_ns", "frame"):
+        if value in (None, "") and not prefix and key in ("stamp_ns", "frame"):
             continue
         name = prefix + key
         if isinstance(value, Mapping) and value:

@@ -105,8 +105,9 @@ STATE = [
 RESOURCE = [
     _p("resource.kind", "openai", "'openai' (HTTP server) or 'local' (in-process engine)",
        choices=("openai", "local")),
-    _p("resource.urls", ["http://127.0.0.1:8001", "http://127.0.0.1:8002"],
-       "URLs of R1 and R2 (openai); the primary is named by the latest SwapEvent", element=str),
+    _p("resource.r1_url", "http://127.0.0.1:8001", "URL of server R1 (openai)"),
+    _p("resource.r2_url", "http://127.0.0.1:8002", "URL of server R2 (openai); the policy asks "
+       "the primary named by the latest SwapEvent, R1 before the first one"),
     _p("resource.served_model", "", "model name the servers answer to ('' = ask the server)"),
     _p("resource.timeout_s", 30.0, "HTTP timeout of one request", positive=True),
     _p("resource.threads", 0, "CPU threads of the local engine (0 = default)", min_value=0),
@@ -194,8 +195,8 @@ def validate(node: str, values: Mapping[str, Any], *,
         out["sources"] = parse_sources(out["sources"], values, resolve_type=resolve_type,
                                        render_defaults=out)
     if node in ("policy", "reconciler") and out["resource.kind"] == "openai" \
-            and not out["resource.urls"]:
-        raise ConfigError(f"{node}: resource.urls must name the server URLs of R1 and R2")
+            and not (out["resource.r1_url"] and out["resource.r2_url"]):
+        raise ConfigError(f"{node}: resource.r1_url and resource.r2_url must name the servers")
     return out
 
 

@@ -8,8 +8,9 @@ from csr_ros.chunks import ChunkPolicy
 from csr_ros.errors import ConfigError
 from csr_ros.layout import Layout
 from csr_ros.model_store import resolve_model_dir
-from csr_ros.policy_core import (ERROR, OK, WARN, ChunkEvent, InstantValue, QueryScheduler,
-                                 QueryStats, StateFold, build_suffix, diagnose)
+from csr_ros.policy_core import (ERROR, OK, WARN, ChunkEvent, InstantValue, OpTiming, QueryScheduler,
+                                 QueryStats, StateFold, TimedResource, build_suffix, diagnose,
+                                 swap_report)
 from csr_ros.resources.base import QueryResult
 from csr_ros.state import CsrState
 from csr_ros.tokenizer import HFTokenizer
@@ -84,3 +85,40 @@ def test_diagnostics_warn_when_ttft_exceeds_the_period_and_error_on_failure(fold
     stats.record_error("connection refused")
     d = diagnose(fold, s, stats)
     assert d.level == ERROR and "connection refused" in d.message
+
+
+def test_a_swap_report_takes_warm_up_and_catch_up_from_the_new_primarys_operations():
+    ops = [OpTiming("r1", "load", 0.0, 0.5, 100, True),        # the start, on the old primary
+           OpTiming("r2", "load", 1.0, 2.0, 300, False),       # a failed warm-up, retried
+           OpTiming("r2", "load", 4.0, 1.5, 300, True),
+           OpTiming("r2", "extend", 5.6, 0.25, 40, True),
+           OpTiming("r2", "extend", 5.9, 0.125, 30, True)]
+    snapshot = {"version": 1, "primary": "r2", "next_seq": 90, "n_chunks": 50,
+                "n_static_tokens": 420}
+    report = swap_report(snapshot, reason="swap", committed_tokens=400, window=(3.5, 6.5),
+                         ops=ops)
+    assert (report.evicted_before_seq, report.caught_up_to_seq, report.static_tokens) == \
+        (40, 90, 400)
+    assert (report.window_s, report.warmup_s, report.catchup_s, report.catchup_rounds) == \
+        (3.0, 1.5, 0.375, 2)
+    assert isinstance(report.catchup_s, float)
+
+
+def test_timed_resource_records_each_load_and_extend_even_when_it_fails():
+    class Flaky:
+        name, max_context_tokens, n_committed = "r1", 100, 0
+
+        def load(self, ids, text=None):
+            return "loaded"
+
+        def extend(self, ids, text=None):
+            raise RuntimeError("server went away")
+
+    ops: list = []
+    clock = iter([0.0, 0.5, 1.0, 1.25]).__next__
+    resource = TimedResource(Flaky(), ops, clock)
+    assert resource.load([1, 2, 3]) == "loaded"
+    with pytest.raises(RuntimeError):
+        resource.extend([4])
+    assert ops == [OpTiming("r1", "load", 0.0, 0.5, 3, True),
+                   OpTiming("r1", "extend", 1.0, 0.25, 1, False)]

@@ -137,7 +137,7 @@ def load_tokenizer(params) -> tuple[object, str]:
         path = Path(params["model"]).expanduser()
         model_dir = path if path.is_dir() else resolve_model_dir(params["model"], weights=False)
 
-        return RemoteTokenizer(params["resource.urls"][0], model_dir=model_dir,
+        return RemoteTokenizer(params["resource.r1_url"], model_dir=model_dir,
                                model=params["resource.served_model"] or None), str(model_dir)
     from csr_ros.tokenizer import HFTokenizer
 

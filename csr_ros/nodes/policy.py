@@ -30,7 +30,7 @@ from csr_ros.msg import PolicyDecision, StateChunk
 from csr_ros.msg import SwapEvent as SwapEventMsg
 from csr_ros.nodes.common import (CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS,
                                   SWAPS_QOS, chunk_event, declare, load_tokenizer, run,
-                                  time_msg, time_ns)
+                                  time_msg)
 from csr_ros.policy_core import (ERROR, OK, WARN, FetchRequest, InstantValue, QueryScheduler,
                                  QueryStats, StateFold, SwapEvent, build_suffix, diagnose,
                                  state_from_params)
@@ -91,7 +91,7 @@ class PolicyNode(Node):
                                             callback_group=self.events_group)
         self.diagnostics_timer = self.create_timer(1.0, self.diagnostics_callback,
                                                    callback_group=self.events_group)
-        where = "in-process driver" if driver else f"servers {p['resource.urls']}"
+        where = "in-process driver" if driver else f"servers {p['resource.r1_url']}, {p['resource.r2_url']}"
         self.get_logger().info(f"deciding at {p['rate_hz']} Hz over {where}")
 
     # -- state events --------------------------------------------------------------------------
@@ -123,7 +123,8 @@ class PolicyNode(Node):
             return
         self.fetch_id += 1
         self.fetch_started_s = time.monotonic()
-        self.get_logger().info(f"fetching chunks {request.start_seq}..{request.end_seq - 1}")
+        self.get_logger().info(f"fetching chunks from seq {request.start_seq} " + (
+            f"to {request.end_seq - 1}" if request.end_seq else "to the newest"))
         if not self.get_chunks_client.service_is_ready():
             return                                   # the watchdog counts it as failed
         future = self.get_chunks_client.call_async(
@@ -210,7 +211,7 @@ class PolicyNode(Node):
             job = functools.partial(self._query_driver, task, suffix, max_new_tokens, now_ns)
         else:
             request = self.fold.state.build_request(task=task, suffix=suffix)
-            url = self.fold.primary_url or self.params["resource.urls"][0]
+            url = self.fold.primary_url or self.params["resource.r1_url"]
             name = self.fold.primary or "r1"
             job = functools.partial(self._query_http, request, url, name, task, max_new_tokens,
                                     now_ns)

@@ -23,7 +23,7 @@ from rclpy.node import Node
 
 from csr_ros import ros_params
 from csr_ros.chunklog import ChunkLog, rebuild_state
-from csr_ros.errors import ChunkError, ConfigError, ResourceError
+from csr_ros.errors import ChunkError, ResourceError
 from csr_ros.eviction import make_policy
 from csr_ros.msg import StateChunk, SwapEvent
 from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, chunk_event, declare,
@@ -125,10 +125,7 @@ class ReconcilerNode(Node):
                                                threads=p["resource.threads"] or None,
                                                max_context_tokens=p["context_tokens"]))
             else:
-                if len(p["resource.urls"]) != 2:
-                    raise ConfigError("reconciler: resource.urls must list exactly two URLs "
-                                      f"(R1 and R2), got {p['resource.urls']}")
-                for name, url in zip(names, p["resource.urls"]):
+                for name, url in zip(names, (p["resource.r1_url"], p["resource.r2_url"])):
                     built.append(make_resource(
                         "openai", url=url, name=name, model=p["resource.served_model"] or None,
                         tokenizer=self.tokenizer, model_dir=self.model_dir,
