@@ -1,0 +1,172 @@
+"""The nodes on a real ROS 2 graph (Jazzy or Humble, this workspace built and sourced).
+
+    colcon build --packages-select csr_ros && source install/setup.bash
+    python -m pytest test/test_nodes_ros.py -m ros
+
+Chunks are published into the aggregator, a decision and a swap event come out of the policy
+and the reconciler (two in-process SmolLM2 resources, as in all_in_one), and a node that joins
+late catches up through GetChunks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+REASON = "rclpy not available: these tests need a sourced ROS 2 Jazzy/Humble install"
+rclpy = pytest.importorskip("rclpy", reason=REASON)
+pytest.importorskip("csr_ros.msg", reason="csr_ros interfaces not built: run `colcon build "
+                                          "--packages-select csr_ros` and source install/setup.bash")
+
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.node import Node  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from std_msgs.msg import String  # noqa: E402
+
+from csr_ros.msg import PolicyDecision, StateChunk, SwapEvent  # noqa: E402
+from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
+from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, SWAPS_QOS  # noqa: E402
+from csr_ros.nodes.policy import PolicyNode  # noqa: E402
+from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
+from csr_ros.srv import GetChunks  # noqa: E402
+
+pytestmark = pytest.mark.ros
+
+SPEECH = [Parameter("sources", Parameter.Type.STRING_ARRAY, ["speech", "goal"]),
+          Parameter("source.speech.topic", Parameter.Type.STRING, "/test/speech"),
+          Parameter("source.speech.type", Parameter.Type.STRING, "std_msgs/msg/String"),
+          Parameter("source.goal.topic", Parameter.Type.STRING, "/test/goal"),
+          Parameter("source.goal.type", Parameter.Type.STRING, "std_msgs/msg/String"),
+          Parameter("source.goal.instant", Parameter.Type.BOOL, True)]
+
+
+class Graph:
+    """Nodes spun by a multi-threaded executor on a background thread."""
+
+    def __init__(self):
+        self.executor = MultiThreadedExecutor(num_threads=6)
+        self.nodes: list[Node] = []
+        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread.start()
+
+    def add(self, node: Node) -> Node:
+        self.nodes.append(node)
+        self.executor.add_node(node)
+        return node
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        for node in reversed(self.nodes):
+            close = getattr(node, "close", None)
+            if close is not None:
+                close()
+            node.destroy_node()
+
+
+def wait_for(condition, timeout_s: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.fixture
+def graph():
+    rclpy.init()
+    g = Graph()
+    yield g
+    g.close()
+    rclpy.try_shutdown()
+
+
+@pytest.fixture
+def probe(graph):
+    """A plain node that publishes inputs and records what the csr_ros nodes publish."""
+    node = graph.add(Node("csr_ros_test_probe"))
+    node.received = {"chunks": [], "decisions": [], "swaps": []}
+    node.speech_pub = node.create_publisher(String, "/test/speech", 10)
+    node.goal_pub = node.create_publisher(String, "/test/goal", 10)
+    node.create_subscription(StateChunk, "csr/chunks", node.received["chunks"].append, CHUNKS_QOS)
+    node.create_subscription(PolicyDecision, "csr/decisions", node.received["decisions"].append,
+                             DECISIONS_QOS)
+    node.create_subscription(SwapEvent, "csr/swaps", node.received["swaps"].append, SWAPS_QOS)
+    return node
+
+
+def say(probe, graph, texts):
+    # The aggregator matches QoS to publishers; give discovery a moment before the burst.
+    wait_for(lambda: probe.count_subscribers("/test/speech") > 0, what="aggregator subscription")
+    for text in texts:
+        probe.speech_pub.publish(String(data=text))
+        time.sleep(0.02)
+
+
+def test_aggregator_publishes_gap_free_rendered_chunks(graph, probe):
+    graph.add(AggregatorNode(parameter_overrides=SPEECH))
+    say(probe, graph, ["go to the kitchen", "stop", "turn left"])
+    chunks = wait_for(lambda: len(probe.received["chunks"]) >= 3 and probe.received["chunks"],
+                      what="three chunks")
+    assert [c.seq for c in chunks] == [0, 1, 2]
+    assert [c.text for c in chunks] == ['speech: data="go to the kitchen"', "speech: data=stop",
+                                        'speech: data="turn left"']
+    assert all(c.source == "speech" for c in chunks)
+
+
+def test_a_late_joiner_gets_missed_chunks_through_get_chunks(graph, probe):
+    graph.add(AggregatorNode(parameter_overrides=SPEECH))
+    say(probe, graph, [f"utterance {i}" for i in range(5)])
+    wait_for(lambda: len(probe.received["chunks"]) >= 5, what="five chunks")
+    client = probe.create_client(GetChunks, "csr/get_chunks")
+    assert client.wait_for_service(timeout_sec=10.0)
+    response = wait_for(lambda: _call(client, GetChunks.Request(start_seq=2)), what="GetChunks")
+    assert [c.seq for c in response.chunks] == [2, 3, 4]
+    assert (response.first_available_seq, response.next_seq) == (0, 5)
+    # a policy node started now folds the whole history before its first live chunk
+    policy = graph.add(PolicyNode(parameter_overrides=[
+        Parameter("rate_hz", Parameter.Type.DOUBLE, 0.2),
+        Parameter("resource.r1_url", Parameter.Type.STRING, "http://127.0.0.1:9")]))
+    wait_for(lambda: policy.fold.next_seq == 5, what="the late joiner to catch up")
+    assert [c.text for c in policy.fold.state.chunks][0] == 'speech: data="utterance 0"\n'
+
+
+def _call(client, request):
+    future = client.call_async(request)
+    deadline = time.monotonic() + 5.0
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return future.result() if future.done() else None
+
+
+@pytest.mark.slow
+def test_chunks_in_decision_and_swap_event_out_with_local_resources(graph, probe):
+    """aggregator → reconciler (ASR over two in-process SmolLM2 resources) → policy decisions;
+    a small tau_mem forces a reconciliation, so a swap event follows the start event."""
+    graph.add(AggregatorNode(parameter_overrides=SPEECH))
+    reconciler = graph.add(ReconcilerNode(parameter_overrides=[
+        Parameter("resource.kind", Parameter.Type.STRING, "local"),
+        Parameter("resource.threads", Parameter.Type.INTEGER, 1),
+        Parameter("context_tokens", Parameter.Type.INTEGER, 2048),
+        Parameter("tau_mem_tokens", Parameter.Type.INTEGER, 300),
+        Parameter("reserve_tokens", Parameter.Type.INTEGER, 256),
+        Parameter("n_catchup_tokens", Parameter.Type.INTEGER, 16)]))
+    graph.add(PolicyNode(driver=reconciler, parameter_overrides=[
+        Parameter("resource.kind", Parameter.Type.STRING, "local"),
+        Parameter("rate_hz", Parameter.Type.DOUBLE, 1.0),
+        Parameter("max_new_tokens", Parameter.Type.INTEGER, 4)]))
+    start = wait_for(lambda: probe.received["swaps"], timeout_s=120.0, what="the start event")
+    assert start[0].reason == "start" and start[0].primary == "r1"
+    wait_for(lambda: probe.count_subscribers("/test/goal") > 0, what="goal subscription")
+    probe.goal_pub.publish(String(data="find the red cup"))
+    say(probe, graph, [f"the robot is at waypoint {i}, battery {90 - i} percent"
+                       for i in range(40)])
+    decision = wait_for(lambda: probe.received["decisions"], timeout_s=120.0,
+                        what="a decision")[0]
+    assert decision.text and decision.ttft_s > 0 and decision.static_tokens > 0
+    swaps = wait_for(lambda: [s for s in probe.received["swaps"] if s.reason == "swap"],
+                     timeout_s=240.0, what="a swap event")
+    assert swaps[-1].version >= 1 and swaps[-1].evicted_before_seq > 0
