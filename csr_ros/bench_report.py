@@ -1,0 +1,128 @@
+"""Benchmark figures: spreads of repeated timings, result rows, ratios and the printed table.
+
+Pure: no torch, no I/O. `csr_ros.tools.bench` measures; this module only summarizes.
+
+Row schema (one dict per row, JSON-ready):
+    method "csr" | "unordered":  resource, n, m, method, repeats, ttft_median_s, ttft_min_s,
+                                 ttft_max_s, ttft_q1_s, ttft_q3_s, ttft_samples_s
+    method "capsule":            resource, n, method, repeats, snapshot_*_s, restore_*_s
+                                 (attached: pointer move), restore_copy_*_s (K/V copied in),
+                                 capsule_kv_bytes
+    method "prefill":            resource, n, method, seconds (the cold prefill of the static part)
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Iterable, Sequence
+
+METHODS = ("csr", "unordered", "capsule", "prefill")
+
+
+def spread(samples: Sequence[float], prefix: str) -> dict[str, float | list[float]]:
+    """median, min, max and quartiles of `samples`, keyed `<prefix>_median_s` etc."""
+    assert samples, f"no samples for {prefix}"
+    ordered = sorted(samples)
+    if len(ordered) >= 2:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        q1 = q3 = ordered[0]
+    return {f"{prefix}_median_s": statistics.median(ordered), f"{prefix}_min_s": ordered[0],
+            f"{prefix}_max_s": ordered[-1], f"{prefix}_q1_s": q1, f"{prefix}_q3_s": q3,
+            f"{prefix}_samples_s": list(samples)}
+
+
+def ttft_row(resource: str, n: int, m: int, method: str, samples: Sequence[float]) -> dict:
+    assert method in ("csr", "unordered"), method
+    return {"resource": resource, "n": n, "m": m, "method": method, "repeats": len(samples),
+            **spread(samples, "ttft")}
+
+
+def capsule_row(resource: str, n: int, snapshot_s: Sequence[float], restore_s: Sequence[float],
+                restore_copy_s: Sequence[float], kv_bytes: int) -> dict:
+    return {"resource": resource, "n": n, "method": "capsule", "repeats": len(snapshot_s),
+            **spread(snapshot_s, "snapshot"), **spread(restore_s, "restore"),
+            **spread(restore_copy_s, "restore_copy"), "capsule_kv_bytes": int(kv_bytes)}
+
+
+def prefill_row(resource: str, n: int, seconds: float) -> dict:
+    return {"resource": resource, "n": n, "method": "prefill", "seconds": seconds}
+
+
+def summarize(rows: Iterable[dict]) -> dict:
+    """Speed-ups: unordered/CSR TTFT per (resource, n, m); CSR TTFT between resources; capsule
+    restore growth from the smallest to the largest n."""
+    rows = list(rows)
+    ttft = {(r["resource"], r["n"], r["m"], r["method"]): r["ttft_median_s"]
+            for r in rows if r["method"] in ("csr", "unordered")}
+    speedups = []
+    for (resource, n, m, method), csr_s in sorted(ttft.items()):
+        unordered_s = ttft.get((resource, n, m, "unordered"))
+        if method == "csr" and unordered_s is not None and csr_s > 0:
+            speedups.append({"resource": resource, "n": n, "m": m, "csr_ttft_s": csr_s,
+                             "unordered_ttft_s": unordered_s,
+                             "unordered_over_csr": unordered_s / csr_s})
+    resources = sorted({r["resource"] for r in rows})
+    between = []
+    if len(resources) >= 2:
+        first = resources[0]
+        for other in resources[1:]:
+            for (resource, n, m, method), s in sorted(ttft.items()):
+                theirs = ttft.get((other, n, m, method))
+                if resource == first and theirs is not None and s > 0:
+                    between.append({"n": n, "m": m, "method": method, "numerator": other,
+                                    "denominator": first, "ratio": theirs / s})
+    growth = []
+    for resource in resources:
+        capsules = sorted((r for r in rows if r["method"] == "capsule" and r["resource"] == resource),
+                          key=lambda r: r["n"])
+        if len(capsules) >= 2 and capsules[0]["restore_median_s"] > 0:
+            growth.append({"resource": resource, "n_from": capsules[0]["n"],
+                           "n_to": capsules[-1]["n"],
+                           "restore_growth": capsules[-1]["restore_median_s"]
+                           / capsules[0]["restore_median_s"]})
+    return {"speedups": speedups, "between_resources": between, "capsule_restore_growth": growth}
+
+
+def format_table(rows: Sequence[dict], summary: dict) -> str:
+    """The human-readable result: TTFT table, capsule table, ratios."""
+    lines = []
+    ttft = {(r["resource"], r["n"], r["m"], r["method"]): r for r in rows
+            if r["method"] in ("csr", "unordered")}
+    prefill = {(r["resource"], r["n"]): r["seconds"] for r in rows if r["method"] == "prefill"}
+    keys = sorted({(res, n, m) for res, n, m, _ in ttft})
+    if keys:
+        lines.append(f"{'resource':<10} {'N':>6} {'M':>5}  {'CSR TTFT s (min-max)':<26}"
+                     f"{'unordered TTFT s (min-max)':<28}{'speed-up':>9}  {'cold prefill N s':>16}")
+        for res, n, m in keys:
+            csr, unordered = ttft.get((res, n, m, "csr")), ttft.get((res, n, m, "unordered"))
+            ratio = (f"{unordered['ttft_median_s'] / csr['ttft_median_s']:.1f}x"
+                     if csr and unordered and csr["ttft_median_s"] > 0 else "-")
+            cold = prefill.get((res, n))
+            lines.append(f"{res:<10} {n:>6} {m:>5}  {_cell(csr, 'ttft'):<26}"
+                         f"{_cell(unordered, 'ttft'):<28}{ratio:>9}  "
+                         f"{'-' if cold is None else f'{cold:.3f}':>16}")
+    capsules = sorted((r for r in rows if r["method"] == "capsule"),
+                      key=lambda r: (r["resource"], r["n"]))
+    if capsules:
+        lines.append("")
+        lines.append(f"{'resource':<10} {'N':>6}  {'snapshot ms':<22}{'restore ms':<22}"
+                     f"{'restore+copy ms':<22}{'K/V MiB':>8}")
+        for r in capsules:
+            lines.append(f"{r['resource']:<10} {r['n']:>6}  {_cell(r, 'snapshot', 1e3):<22}"
+                         f"{_cell(r, 'restore', 1e3):<22}{_cell(r, 'restore_copy', 1e3):<22}"
+                         f"{r['capsule_kv_bytes'] / 2**20:>8.1f}")
+    for g in summary.get("capsule_restore_growth", ()):
+        lines.append(f"capsule restore {g['resource']}: N={g['n_to']} takes "
+                     f"{g['restore_growth']:.2f}x the time at N={g['n_from']}")
+    for b in summary.get("between_resources", ()):
+        lines.append(f"{b['method']} TTFT at N={b['n']}, M={b['m']}: "
+                     f"{b['numerator']} / {b['denominator']} = {b['ratio']:.2f}")
+    return "\n".join(lines)
+
+
+def _cell(row: dict | None, prefix: str, scale: float = 1.0) -> str:
+    if row is None:
+        return "-"
+    return (f"{row[f'{prefix}_median_s'] * scale:.3f} "
+            f"({row[f'{prefix}_min_s'] * scale:.3f}-{row[f'{prefix}_max_s'] * scale:.3f})")

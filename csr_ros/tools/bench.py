@@ -1,0 +1,277 @@
+"""`csr-ros bench`: TTFT of CSR queries against the unordered baseline, and capsule timings.
+
+    csr-ros bench --n 512,1024 --repeats 3                       # local engine, ~1-2 min on 2 cores
+    csr-ros bench --resource local,openai --url http://127.0.0.1:8001 --n 1024,4096 --json out.json
+
+For every static length N and dynamic length M, on every resource:
+  csr        the static prompt is loaded once (prefix cached); each query pays only its M tokens
+  unordered  the dynamic tokens come first, so nothing is cached: every query prefills N + M
+  capsule    (local only) snapshot and restore of the complete execution state at N
+The prompt is real text: rendered synthetic robot observations in the model's chat template,
+tokenized with the model's tokenizer and assembled by CsrState. Every query carries a fresh
+dynamic part (a new time stamp), so a server cannot serve it from its cache either. One warm-up
+query per resource is left out of the timings. Progress goes to stderr, the table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from csr_ros.bench_report import capsule_row, format_table, prefill_row, summarize, ttft_row
+from csr_ros.errors import ConfigError
+from csr_ros.model_store import DEFAULT_MODEL, resolve_model_dir
+from csr_ros.state import QueryId, Request, Version
+
+TASK = "Pick the next action from the menu and answer with its number only."
+MENU = ("Actions: 1 go_to(room) 2 pick(object) 3 place(object, room) 4 say(text) "
+        "5 look_around 6 wait(seconds) 7 follow(person) 8 stop.")
+ROOMS = ("kitchen", "hallway", "office", "bedroom", "garage")
+OBJECTS = ("red_mug", "apple", "keys", "book", "phone", "towel")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--resource", default="local",
+                        help="resource kind(s), comma-separated: local, openai (default: local)")
+    parser.add_argument("--url", default=None, help="server URL for --resource openai")
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="'smollm2' or a local model directory (weights for local, "
+                             "tokenizer for every resource)")
+    parser.add_argument("--n", default="512,1024", help="static lengths N in tokens, comma-separated")
+    parser.add_argument("--m", default="32", help="dynamic lengths M in tokens, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per cell (median reported)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of the local engine")
+    parser.add_argument("--device", default="cpu", help="local engine device: cpu, cuda, cuda:1")
+    parser.add_argument("--dtype", default=None, help="local engine dtype: float32, bfloat16, float16")
+    parser.add_argument("--max-new-tokens", type=int, default=1,
+                        help="tokens decoded per query (TTFT needs only the first)")
+    parser.add_argument("--no-unordered", action="store_true", help="skip the unordered baseline")
+    parser.add_argument("--json", type=Path, default=None, help="write rows, meta and summary here")
+
+
+def run(args: argparse.Namespace) -> int:
+    kinds = [k.strip() for k in args.resource.split(",") if k.strip()]
+    ns, ms = _int_list(args.n, "--n"), _int_list(args.m, "--m")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    if "openai" in kinds and not args.url:
+        raise ConfigError("--resource openai needs --url (the server's base URL)")
+    from csr_ros.layout import Layout
+    from csr_ros.tokenizer import HFTokenizer
+
+    tokenizer = HFTokenizer(resolve_model_dir(args.model, weights=False))
+    layout = Layout.from_tokenizer(tokenizer)
+    rows: list[dict] = []
+    started = time.perf_counter()
+    for kind in kinds:
+        resource = _make(kind, args)
+        try:
+            rows += bench_resource(resource, tokenizer, layout, ns=ns, ms=ms, repeats=args.repeats,
+                                   max_new_tokens=args.max_new_tokens,
+                                   unordered=not args.no_unordered)
+        finally:
+            resource.close()
+    summary = summarize(rows)
+    meta = _meta(args, kinds, ns, ms, time.perf_counter() - started)
+    print(format_table(rows, summary))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"rows": rows, "meta": meta, "summary": summary}, indent=1))
+        _progress(f"wrote {args.json}")
+    return 0
+
+
+def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int], repeats: int,
+                   max_new_tokens: int = 1, unordered: bool = True) -> list[dict]:
+    """All rows for one resource. Works with any `Resource`; capsules where it has an engine."""
+    name = resource.name
+    need = max(ns) + max(ms) + max_new_tokens
+    if need > resource.max_context_tokens:
+        msg = (f"{name}: N + M + max_new_tokens = {need} exceeds its context of "
+               f"{resource.max_context_tokens} tokens; lower --n or --m")
+        raise ConfigError(msg)
+    mode = getattr(resource, "state_mode", "token")
+    prompts = PromptMaker(tokenizer, layout, mode=mode, n_max=max(ns))
+    rows: list[dict] = []
+    query_no = 0
+
+    def fresh_dynamic(m: int) -> tuple[tuple[int, ...], str]:
+        nonlocal query_no
+        query_no += 1
+        return prompts.dynamic(m, query_no)
+
+    # Warm-up (not timed): first forwards allocate, initialize kernels and fill caches.
+    _progress(f"[{name}] warm-up")
+    static, static_text = prompts.static(min(ns))
+    resource.load(static, static_text)
+    resource.query(prompts.request(static, static_text, *fresh_dynamic(min(ms))),
+                   max_new_tokens=max_new_tokens)
+    for n in ns:
+        static, static_text = prompts.static(n)
+        loaded = resource.load(static, static_text)
+        rows.append(prefill_row(name, n, loaded.seconds))
+        _progress(f"[{name}] N={n}: cold prefill {loaded.seconds:.3f} s")
+        for m in ms:
+            samples = []
+            for _ in range(repeats):
+                result = resource.query(prompts.request(static, static_text, *fresh_dynamic(m)),
+                                        max_new_tokens=max_new_tokens)
+                assert result.n_extended == 0, f"{name}: CSR query prefilled static tokens"
+                samples.append(result.ttft_s)
+            rows.append(ttft_row(name, n, m, "csr", samples))
+            _progress(f"[{name}] N={n} M={m}: CSR TTFT median {rows[-1]['ttft_median_s']:.3f} s")
+        engine = getattr(resource, "engine", None)
+        if engine is not None and hasattr(engine, "snapshot"):
+            rows.append(_capsule_timings(name, engine, n, repeats))
+            _progress(f"[{name}] N={n}: capsule restore median "
+                      f"{rows[-1]['restore_median_s'] * 1e3:.3f} ms")
+        if not unordered:
+            continue
+        for m in ms:
+            samples = []
+            for _ in range(repeats):
+                dynamic, dynamic_text = fresh_dynamic(m)
+                resource.load((), "")        # nothing committed: the whole prompt is new
+                result = resource.query(prompts.unordered(dynamic, dynamic_text, static, static_text),
+                                        max_new_tokens=max_new_tokens)
+                samples.append(result.ttft_s)
+            rows.append(ttft_row(name, n, m, "unordered", samples))
+            _progress(f"[{name}] N={n} M={m}: unordered TTFT median "
+                      f"{rows[-1]['ttft_median_s']:.3f} s")
+    return rows
+
+
+def _capsule_timings(name: str, engine, n: int, repeats: int) -> dict:
+    """Snapshot at N; restore after the state moved on (attached: O(1) K/V), and restore of a
+    materialized copy (K/V copied into the buffers)."""
+    snapshot_s, restore_s, copy_s = [], [], []
+    capsule = engine.snapshot()
+    kept = capsule.materialize()
+    extra = list(capsule.token_ids[-8:])
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        capsule = engine.snapshot()
+        snapshot_s.append(time.perf_counter() - t0)
+        engine.extend(extra)                         # the state moves on (not timed)
+        t0 = time.perf_counter()
+        engine.restore(capsule)
+        restore_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        engine.restore(kept)
+        copy_s.append(time.perf_counter() - t0)
+    assert engine.n_committed == n, f"capsule restore left {engine.n_committed} tokens, expected {n}"
+    kv_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in kept.kv)
+    return capsule_row(name, n, snapshot_s, restore_s, copy_s, kv_bytes)
+
+
+class PromptMaker:
+    """Static and dynamic token runs of exact lengths from rendered robot observations."""
+
+    def __init__(self, tokenizer, layout, *, mode: str, n_max: int):
+        from csr_ros.render import render_plain
+        from csr_ros.state import CsrState
+
+        profile = ("You are the policy of a home robot. You see its observations as lines of "
+                   "text, oldest first, and choose one action at a time. " + MENU)
+        self.state = CsrState(tokenizer=tokenizer, layout=layout, profile=profile, mode=mode)
+        self.tokenizer, self.layout, self.mode = tokenizer, layout, mode
+        i = 0
+        while self.state.n_static < n_max:
+            t_s = 0.5 * i
+            room, obj = ROOMS[(i // 7) % len(ROOMS)], OBJECTS[(i * 5) % len(OBJECTS)]
+            kind = i % 4
+            if kind == 0:
+                plain = {"x": 0.37 * (i % 29), "y": 0.21 * (i % 17), "yaw_deg": (13 * i) % 360,
+                         "speed_mps": 0.1 * (i % 6), "room": room}
+                label = "odometry"
+            elif kind == 1:
+                plain = {"detections": f"{obj} 0.{80 + i % 19} at {1 + i % 4}.{i % 10} m, person "
+                                       f"0.{70 + i % 23}", "room": room}
+                label = "camera"
+            elif kind == 2:
+                plain = {"ranges_min_m": 0.3 + 0.07 * (i % 20), "ranges_mean_m": 2.1 + 0.05 * (i % 9),
+                         "n": 720}
+                label = "lidar"
+            else:
+                plain = {"action": f"go_to({room})", "status": "succeeded" if i % 3 else "running",
+                         "battery_pct": 100 - (i // 10) % 80}
+                label = "action"
+            self.state.add(f"[t={t_s:.1f}s] " + render_plain(plain, label=label),
+                           source=label, stamp_ns=int(t_s * 1e9))
+            i += 1
+
+    def static(self, n: int) -> tuple[tuple[int, ...], str | None]:
+        ids = tuple(self.state.static_ids[:n])
+        return ids, (self.tokenizer.decode(ids) if self.mode == "text" else None)
+
+    def dynamic(self, m: int, query_no: int) -> tuple[tuple[int, ...], str | None]:
+        """M tokens: a fresh time stamp first (so no cache can hold them), the task, the tail."""
+        tail = self.layout.tail_ids
+        ids = self.tokenizer.encode_data(f"now: t={1000 + 0.5 * query_no:.1f}s, query "
+                                         f"{query_no}. {TASK}")
+        filler = self.tokenizer.encode_data(f" note {query_no}: all systems nominal.")
+        while len(ids) + len(tail) < m:
+            ids += filler
+        ids = (ids[:m - len(tail)] + list(tail)) if m > len(tail) else ids[:m]
+        ids = tuple(ids)
+        return ids, (self.tokenizer.decode(ids) if self.mode == "text" else None)
+
+    def request(self, static, static_text, dynamic, dynamic_text) -> Request:
+        return Request(query_id=QueryId(0), version=Version(0), static_ids=static,
+                       dynamic_ids=dynamic, i_star=0, last_seq=None, static_text=static_text,
+                       dynamic_text=dynamic_text)
+
+    def unordered(self, dynamic, dynamic_text, static, static_text) -> Request:
+        text = None if static_text is None else dynamic_text + static_text
+        return Request(query_id=QueryId(0), version=Version(0), static_ids=(),
+                       dynamic_ids=dynamic + static, i_star=0, last_seq=None,
+                       static_text=None if text is None else "", dynamic_text=text)
+
+
+def _make(kind: str, args: argparse.Namespace):
+    from csr_ros.resources.factory import make_resource
+
+    if kind == "local":
+        return make_resource("local", model=args.model, name="local", threads=args.threads,
+                             device=args.device, dtype=args.dtype)
+    if kind == "openai":
+        return make_resource("openai", url=args.url, name="openai",
+                             model_dir=resolve_model_dir(args.model, weights=False))
+    return make_resource(kind)      # raises ConfigError naming the known kinds
+
+
+def _meta(args, kinds, ns, ms, seconds: float) -> dict:
+    meta = {"resources": kinds, "model": args.model, "n": ns, "m": ms, "repeats": args.repeats,
+            "max_new_tokens": args.max_new_tokens, "threads": args.threads, "device": args.device,
+            "dtype": args.dtype, "url": args.url,
+            "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "wall_s": seconds,
+            "argv": sys.argv[1:]}
+    if "local" in kinds:
+        import torch
+        import transformers
+
+        meta.update(torch=torch.__version__, transformers=transformers.__version__,
+                    torch_threads=torch.get_num_threads())
+    return meta
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag} needs positive integers, got {text!r}")
+    return sorted(set(values))
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
