@@ -1,0 +1,69 @@
+"""The pure benchmark summaries and a short real run of `csr-ros bench`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from csr_ros.bench_report import capsule_row, format_table, prefill_row, spread, summarize, ttft_row
+
+
+def test_a_spread_reports_median_extremes_and_quartiles():
+    s = spread([0.4, 0.1, 0.3, 0.2, 0.5], "ttft")
+    assert s["ttft_median_s"] == 0.3 and s["ttft_min_s"] == 0.1 and s["ttft_max_s"] == 0.5
+    assert s["ttft_q1_s"] == pytest.approx(0.2) and s["ttft_q3_s"] == pytest.approx(0.4)
+    assert s["ttft_samples_s"] == [0.4, 0.1, 0.3, 0.2, 0.5]
+    single = spread([0.7], "restore")
+    assert single["restore_q1_s"] == single["restore_q3_s"] == single["restore_median_s"] == 0.7
+
+
+def test_the_summary_relates_unordered_to_csr_and_resources_to_each_other():
+    rows = [ttft_row("local", 1024, 32, "csr", [0.1, 0.2, 0.3]),
+            ttft_row("local", 1024, 32, "unordered", [4.0, 4.0, 4.0]),
+            ttft_row("openai", 1024, 32, "csr", [0.05]),
+            capsule_row("local", 512, [1e-5], [2e-5], [1e-3], 100),
+            capsule_row("local", 1024, [1e-5], [3e-5], [2e-3], 200),
+            prefill_row("local", 1024, 3.5)]
+    summary = summarize(rows)
+    (speedup,) = summary["speedups"]
+    assert speedup["unordered_over_csr"] == pytest.approx(20.0)
+    (between,) = summary["between_resources"]
+    assert (between["numerator"], between["denominator"]) == ("openai", "local")
+    assert between["ratio"] == pytest.approx(0.25)
+    (growth,) = summary["capsule_restore_growth"]
+    assert growth["restore_growth"] == pytest.approx(1.5)
+    table = format_table(rows, summary)
+    assert "20.0x" in table and "3.500" in table and "1.50x the time at N=512" in table
+
+
+def test_a_short_bench_run_writes_the_documented_json(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from csr_ros.cli import main
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--n", "48,96", "--m", "8", "--repeats", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report) == {"rows", "meta", "summary"}
+    by_method = {}
+    for row in report["rows"]:
+        by_method.setdefault(row["method"], []).append(row)
+    assert sorted((r["n"], r["m"]) for r in by_method["csr"]) == [(48, 8), (96, 8)]
+    assert sorted((r["n"], r["m"]) for r in by_method["unordered"]) == [(48, 8), (96, 8)]
+    for row in by_method["csr"] + by_method["unordered"]:
+        assert row["resource"] == "local" and row["repeats"] == 1
+        assert 0 < row["ttft_min_s"] <= row["ttft_median_s"] <= row["ttft_max_s"]
+    assert sorted(r["n"] for r in by_method["capsule"]) == [48, 96]
+    for row in by_method["capsule"]:
+        assert row["snapshot_median_s"] > 0 and row["restore_median_s"] > 0
+        assert row["capsule_kv_bytes"] > 0
+    assert len(report["summary"]["speedups"]) == 2
+    assert report["meta"]["n"] == [48, 96] and report["meta"]["torch"]
+    printed = capsys.readouterr().out
+    assert "CSR TTFT" in printed and "restore ms" in printed
+
+
+def test_the_bench_refuses_an_openai_run_without_a_url():
+    from csr_ros.cli import main
+
+    assert main(["bench", "--resource", "openai"]) == 2
