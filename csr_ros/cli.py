@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "demo": ("demo", "a synthetic robot episode with ASR over two resources (the main job)"),
     "serve": ("serve", "start inference servers (vLLM on a GPU server, llama.cpp for tests)"),
     "model": ("model", "prepare or inspect the embedded default model"),
+    "replay": ("replay", "render a rosbag (ROS 2 or ROS 1) into chunks as the aggregator would"),
 }
 
 
