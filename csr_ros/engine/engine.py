@@ -277,7 +277,8 @@ class LocalEngine:
         self._check_capsule(capsule)
         cache = self.cache
         with torch.inference_mode():
-            if not capsule.is_materialized and capsule.owner() is cache:
+            attached = not capsule.is_materialized and capsule.owner() is cache
+            if attached:
                 capsule.check_fresh()
                 cache.cursor.length = capsule.n_tokens
             else:
@@ -294,7 +295,11 @@ class LocalEngine:
                     layer.values[:, :, :capsule.n_tokens].copy_(v)
                 cache.advance(capsule.n_tokens)
             cache.set_linear_state(capsule.linear_state)
-            self._ids = list(capsule.token_ids)
+            if len(self._ids) >= capsule.n_tokens and attached:
+                # Fresh and attached: nothing below n_tokens changed since the snapshot.
+                del self._ids[capsule.n_tokens:]
+            else:
+                self._ids = list(capsule.token_ids)
             self._last_logits = (None if capsule.last_logits is None
                                  else capsule.last_logits.to(self.device, copy=True))
 
