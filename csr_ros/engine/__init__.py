@@ -1,5 +1,13 @@
 """The in-process inference engine (torch + transformers) and its execution-state capsules.
 
+    engine = LocalEngine("smollm2", threads=2)          # or a model directory, device="cuda"
+    engine.extend(static_ids)                           # prefill only the new tokens, commit
+    out = engine.query(dynamic_ids, max_new_tokens=16)  # TTFT pays only the dynamic tokens
+    capsule = engine.snapshot()                         # O(1) for K/V, copies recurrent state
+    engine.restore(capsule)                             # byte-exact, also on hybrid models
+    capsule.save("state.capsule")                       # safetensors; engine.load_capsule(path)
+    child = engine.fork()                               # shares weights, copies the state
+
 The only part of csr_ros that imports torch at module level.
 """
 
