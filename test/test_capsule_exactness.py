@@ -188,10 +188,14 @@ def test_scratch_rolls_back_everything_done_inside_it(tiny_hybrid):
     assert_same_state(before, tiny_hybrid.snapshot().materialize())
 
 
-def test_a_capsule_of_the_empty_state_restores_to_empty(tiny_hybrid):
+def test_a_capsule_of_the_empty_state_restores_to_empty(tiny_hybrid, tmp_path):
     empty = tiny_hybrid.snapshot()
+    path = empty.save(tmp_path / "empty.capsule")
     tiny_hybrid.extend(HYBRID_PROMPT[:40])
     tiny_hybrid.restore(empty)
     assert tiny_hybrid.n_committed == 0 and tiny_hybrid.last_logits is None
+    tiny_hybrid.extend(HYBRID_PROMPT[:40])
+    tiny_hybrid.restore(tiny_hybrid.load_capsule(path))
+    assert tiny_hybrid.n_committed == 0 and tiny_hybrid.cache.linear_state() == {}
     with pytest.raises(Exception, match="at least one prompt token"):
         tiny_hybrid.query([], max_new_tokens=1)
