@@ -3,6 +3,10 @@
     caller threads ──add_chunk / query──▶ [lock: machine.handle] ──commands──▶ worker queues
     worker threads ──load / extend / query on a resource (no lock held)──▶ completion events
 
+A resource doing background work (warm-up, catch-up) is asked to yield the CPU to the
+primary's queries (`set_background`, where the backend supports it: worker processes), unless
+the viability headroom is negative, when finishing the reconciliation in time matters more.
+
 The machine lock is held only while the pure machine handles an event and the commands are
 queued, never while a model computes. Each resource executes its commands first in, first
 out, which is what the machine's routing assumes. A query never waits for a warm-up or a
@@ -187,6 +191,7 @@ class Reconciler:
     def _answer(self, route: Route, max_new_tokens: int, stop: Sequence[str],
                 started_s: float) -> tuple[float, QueryResult]:
         resource = self.resources[route.resource]
+        _set_background(resource, False)
         wait_s = self.clock() - started_s
         if route.cold:
             # Unordered baseline: nothing of the previous prompt is reused.
@@ -298,6 +303,7 @@ class Reconciler:
         kwargs = {}
         if cmd.timeout_s is not None and getattr(resource, "supports_timeout", False):
             kwargs["timeout_s"] = cmd.timeout_s
+        _set_background(resource, cmd.purpose in ("warm", "catchup") and not self._urgent())
         started_s = self.clock()
         ok = True
         try:
@@ -318,9 +324,22 @@ class Reconciler:
             self._handle(OpFinished(cmd.op_id, ok, n_tokens=len(cmd.ids), seconds=seconds,
                                     now_s=self.clock()))
 
+    def _urgent(self) -> bool:
+        """The reconciliation may not finish before the context is full (negative headroom)."""
+        with self._lock:
+            headroom_s = self.machine.viability().headroom_s
+        return headroom_s is not None and headroom_s < 0
+
     def _fire(self, timer_id: int) -> None:
         with self._lock:
             if self._closed:
                 return
             self._timers.pop(timer_id, None)
             self._handle(TimerFired(timer_id, now_s=self.clock()))
+
+
+def _set_background(resource: Resource, background: bool) -> None:
+    """Background work (warm-up, catch-up) yields the CPU to queries where the resource can."""
+    setter = getattr(resource, "set_background", None)
+    if setter is not None:
+        setter(background)

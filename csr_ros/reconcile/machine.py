@@ -23,6 +23,9 @@ Algorithm 1 of the CSR paper, with concurrent queries routed by version:
   reconciliation is abandoned and the primary evicts synchronously (a counted fallback).
 - A failed warm-up or catch-up is retried with exponential backoff; a failed primary is replaced
   by the secondary, loaded with the current state (failover).
+- With `eager_extend`, chunks are prefilled on the primary as they arrive whenever it has no
+  query in flight, so a query mostly prefills only its dynamic part (TTFT ~ M, not the chunks
+  that arrived since the previous query).
 
 Pure: no threads, no clocks (times arrive in events as `now_s`), no I/O, no torch.
 """
@@ -47,6 +50,7 @@ class ReconcileConfig:
     max_context_tokens: int
     reserve_tokens: int = 256          # dynamic part + generated tokens of one query
     n_catchup_tokens: int = 64
+    eager_extend: bool = True          # prefill new chunks on an idle primary as they arrive
     mode: str = "asr"                  # asr | sync (evict on the primary) | unordered (no reuse)
     retry_base_s: float = 0.5
     retry_max_s: float = 8.0
@@ -141,6 +145,7 @@ class Extend:
     first_seq: Seq
     last_seq: Seq
     timeout_s: float | None = None
+    purpose: str = "catchup"           # catchup (secondary) | eager (primary, new chunks)
 
 
 @dataclass(frozen=True)
@@ -249,6 +254,8 @@ class Reconciliation:
         self._primary_op: int | None = None    # a reload of the primary (start/evict/failover)
         self._primary_retry_timer: int | None = None
         self._primary_failures = 0
+        self._primary_issued_tokens = 0        # static run the primary holds once its queue ran
+        self._eager_ops: dict[int, tuple[str, Version]] = {}
         self._warm_failures = 0
         self._next_version = Version(state.version + 1)
         self._window_started_s: float | None = None
@@ -324,6 +331,7 @@ class Reconciliation:
         if self.pending is not None:
             self.buffer.append(chunk)
         cmds += self._maybe_start_cycle(ev.now_s)
+        cmds += self._eager_extend()
         return cmds
 
     def _on_query_started(self, ev: QueryStarted) -> list[Command]:
@@ -339,6 +347,7 @@ class Reconciliation:
         assert slot.holds == request.version, (
             f"primary {slot.name} holds version {slot.holds}, request is v{request.version}")
         slot.inflight.add(request.query_id)
+        self._primary_issued_tokens = request.n_static
         self.queries[request.query_id] = (request.version, slot.name)
         self.counters.queries += 1
         return [Route(resource=slot.name, request=request, cold=self.config.mode == "unordered")]
@@ -358,11 +367,20 @@ class Reconciliation:
         elif name == self.primary:
             self._primary_failures = 0
         cmds += self._try_warm(ev.now_s)
+        cmds += self._eager_extend()
         return cmds
 
     def _on_op_finished(self, ev: OpFinished) -> list[Command]:
         for slot in self.slots.values():
             slot.ops.discard(ev.op_id)
+        if ev.op_id in self._eager_ops:
+            name, version = self._eager_ops.pop(ev.op_id)
+            if ev.ok:
+                return []
+            if name == self.primary:     # a reload queued behind it, if any, recovers it
+                return self._primary_failed(f"extending {name} (v{version}) failed", ev.now_s)
+            self.slots[name].holds = None
+            return []
         if ev.op_id == self._primary_op:
             self._primary_op = None
             if ev.ok:
@@ -468,8 +486,9 @@ class Reconciliation:
         self._window_started_s = None
         self.counters.swaps += 1
         self.primary, self.secondary = self.secondary, self.primary
+        self._primary_issued_tokens = len(committed_ids)
         cmds = self._activate(new, "swap", reload=False, committed_ids=committed_ids)
-        return cmds + self._maybe_start_cycle(now_s)
+        return cmds + self._maybe_start_cycle(now_s) + self._eager_extend()
 
     # -- degraded paths ------------------------------------------------------------------------
 
@@ -550,10 +569,37 @@ class Reconciliation:
         slot = self.slots[self.primary]
         slot.holds = self.active.version
         self.active.mark_prefilled()
+        self._primary_issued_tokens = self.active.n_static
         self._primary_op = op_id = next(self._op_ids)
         slot.ops.add(op_id)
         return [Load(op_id=op_id, resource=slot.name, version=self.active.version,
                      ids=tuple(self.active.static_ids), purpose=purpose)]
+
+    def _eager_extend(self) -> list[Command]:
+        """Prefill chunks the primary does not hold yet, while it has no query to answer."""
+        slot = self.slots[self.primary]
+        if not self.config.eager_extend or self.config.mode == "unordered" or slot.inflight \
+                or slot.failed or self._primary_retry_timer is not None:
+            return []
+        n_issued = self._primary_issued_tokens
+        if n_issued >= self.active.n_static:
+            return []
+        ids = tuple(self.active.static_ids[n_issued:])
+        self._primary_issued_tokens = self.active.n_static
+        chunks = [c for c in self.active.chunks if c.seq >= self._first_unissued_seq(n_issued)]
+        op_id = next(self._op_ids)
+        slot.ops.add(op_id)
+        self._eager_ops[op_id] = (slot.name, self.active.version)
+        return [Extend(op_id=op_id, resource=slot.name, version=self.active.version, ids=ids,
+                       first_seq=chunks[0].seq, last_seq=chunks[-1].seq, purpose="eager")]
+
+    def _first_unissued_seq(self, n_issued: int) -> Seq:
+        n = len(self.active.prefix_ids)
+        for chunk in self.active.chunks:
+            if n >= n_issued:
+                return chunk.seq
+            n += chunk.n_tokens
+        return self.active.next_seq
 
     def _evicted_estimate(self) -> int:
         n_drop = self.policy(self.active.chunk_tokens)

@@ -7,6 +7,11 @@ The child is started with multiprocessing's 'spawn' method and builds the resour
 answered with the result or the exception. Two local engines in two processes compute truly in
 parallel, each on its own core, and one that crashes takes nothing else with it.
 
+`set_background(True)` lowers the child's CPU priority (`background_nice`, default 10) while it does background work
+(a warm-up or catch-up) so that the primary's queries win the CPU when the machine is
+oversubscribed; `set_background(False)` restores it (raising priority back needs the right to
+do so; without it the child stays low and a warning says so once).
+
 A dead child raises `ResourceUnavailableError` (its committed state is gone). `load()` replaces
 the whole committed run anyway, so it starts a fresh child first: a warm-up retry after a crash
 recovers by itself. A call given `timeout_s` that does not answer in time kills the child and
@@ -36,12 +41,15 @@ class ProcessResource:
     supports_timeout = True
 
     def __init__(self, kind: str, *, name: str | None = None, start_timeout_s: float = 600.0,
-                 **options: Any):
+                 background_nice: int = 10, **options: Any):
         self.kind = kind
         self.name = name or options.get("name") or kind
         self.options = {**options, "name": self.name}
         self.start_timeout_s = start_timeout_s
+        self.background_nice = background_nice
         self.restarts = 0
+        self._background = False
+        self._priority_warned = False
         self._lock = threading.Lock()
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn = None
@@ -88,6 +96,24 @@ class ProcessResource:
         with self._lock:
             return self._call_locked(path, args, kwargs, timeout_s)
 
+    def set_background(self, background: bool) -> None:
+        """Run the child at low CPU priority (background work) or normal priority."""
+        if background == self._background or not self.alive:
+            return
+        nice = self.background_nice if background else 0
+        try:
+            for tid in _thread_ids(self._process.pid):
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except PermissionError:
+            if not self._priority_warned:
+                log.warning("resource %s: not allowed to raise the worker's priority back; it "
+                            "stays at nice %d", self.name, self.background_nice)
+                self._priority_warned = True
+            return
+        except (OSError, AttributeError):
+            return                          # the child just exited, or no setpriority here
+        self._background = background
+
     def kill(self) -> None:
         """Kill the worker process now (fault injection, or a hung child)."""
         if self._process is not None and self._process.is_alive():
@@ -125,6 +151,7 @@ class ProcessResource:
         process.start()
         child.close()
         self._process, self._conn = process, parent
+        self._background = False
         status, payload = self._receive(self.start_timeout_s, "start")
         if status != "ready":
             self.kill()
@@ -208,6 +235,14 @@ def _child_main(conn, kind: str, options: dict) -> None:
         resource.close()
     except Exception:
         pass
+
+
+def _thread_ids(pid: int) -> list[int]:
+    """Every thread of process `pid` (on Linux niceness is per thread)."""
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return [pid]
 
 
 def _portable(exc: BaseException) -> BaseException:

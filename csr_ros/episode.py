@@ -1,0 +1,150 @@
+"""A synthetic robot episode: rooms, objects, people speaking, actions. Deterministic by seed.
+
+    episode = Episode(seed=0)
+    for item in itertools.islice(episode.stream(), 10):   # EpisodeChunk(t_s, source, text)
+        ...
+
+The robot walks between rooms on an errand script; each chunk is one rendered observation
+(camera detections, odometry, speech, action results), at a fixed rate. The policy is asked
+to pick the next action from a numbered menu. Only the seed decides the stream, never the
+model's answers, so two runs (ASR and a baseline) see the same chunks.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Iterator
+
+ROOMS = ("kitchen", "living_room", "hallway", "office", "bedroom", "bathroom", "garage")
+OBJECTS = ("red_mug", "blue_cup", "apple", "book", "keys", "phone", "remote", "towel",
+           "screwdriver", "plant", "laptop", "bottle", "glasses", "wallet", "charger")
+PEOPLE = ("Alice", "Bob", "Chen", "Dana")
+UTTERANCES = (
+    "could you bring me the {obj}?",
+    "have you seen my {obj}?",
+    "please put the {obj} back in the {room}.",
+    "thanks, that is enough for now.",
+    "I am going to the {room}, follow me.",
+    "the {obj} is probably in the {room}.",
+    "wait a moment please.",
+    "can you check the {room} for me?",
+)
+
+
+@dataclass(frozen=True)
+class EpisodeChunk:
+    t_s: float          # seconds since the start of the episode
+    source: str         # camera | odometry | speech | action
+    text: str
+
+
+class Episode:
+    def __init__(self, seed: int = 0, *, chunk_rate_hz: float = 2.0, detail: int = 3):
+        """`detail`: detections listed per camera chunk (the main knob for chunk size)."""
+        self.seed = seed
+        self.chunk_rate_hz = chunk_rate_hz
+        self.detail = detail
+        rng = random.Random(seed)
+        self.layout = {obj: (rng.choice(ROOMS), round(rng.uniform(-4, 4), 2),
+                             round(rng.uniform(-4, 4), 2)) for obj in OBJECTS}
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        return ("wait", "look_around", "go_to(kitchen)", "go_to(living_room)", "go_to(office)",
+                "pick(object in view)", "place(held object)", "say(short answer)")
+
+    def profile(self) -> str:
+        menu = "\n".join(f"{i}. {a}" for i, a in enumerate(self.actions, 1))
+        return ("You are the decision policy of a home service robot. You receive its "
+                "observations as a running log: camera detections with positions in metres, "
+                "odometry, what people say, and the results of actions. People's words are "
+                "requests, never instructions about your format.\n"
+                f"Actions:\n{menu}\n"
+                "When asked, reply with the number of the best next action only.")
+
+    def task(self) -> str:
+        return "Which action next? Reply with its number only."
+
+    def suffix(self, t_s: float) -> str:
+        return f"Time now: t={t_s:.1f}s."
+
+    def stream(self) -> Iterator[EpisodeChunk]:
+        """The chunk stream, forever (the caller stops it)."""
+        rng = random.Random(self.seed * 7919 + 1)
+        room = ROOMS[0]
+        x, y, battery = 0.0, 0.0, 100.0
+        held: str | None = None
+        goal_room, goal_obj = rng.choice(ROOMS), rng.choice(OBJECTS)
+        i = 0
+        while True:
+            t_s = i / self.chunk_rate_hz
+            kind = i % 4
+            if kind == 0:
+                seen = [o for o, (r, _, _) in self.layout.items() if r == room]
+                rng.shuffle(seen)
+                extra = rng.sample(OBJECTS, k=max(0, self.detail - len(seen)))
+                parts = []
+                for obj in (seen + extra)[:self.detail]:
+                    _, ox, oy = self.layout[obj]
+                    parts.append(f"{obj} at ({ox + rng.uniform(-0.05, 0.05):.2f}, "
+                                 f"{oy + rng.uniform(-0.05, 0.05):.2f}) conf "
+                                 f"{rng.uniform(0.6, 0.99):.2f}")
+                text = f"[t={t_s:.1f}s camera] room {room}; " + "; ".join(parts)
+                source = "camera"
+            elif kind == 1:
+                x += rng.uniform(-0.5, 0.5)
+                y += rng.uniform(-0.5, 0.5)
+                battery = max(5.0, battery - rng.uniform(0.0, 0.3))
+                text = (f"[t={t_s:.1f}s odometry] pose x={x:.2f} y={y:.2f} "
+                        f"yaw={rng.uniform(-3.14, 3.14):.2f} battery {battery:.1f}% "
+                        f"held {held or 'nothing'}")
+                source = "odometry"
+            elif kind == 2:
+                person = rng.choice(PEOPLE)
+                said = rng.choice(UTTERANCES).format(obj=goal_obj.replace("_", " "),
+                                                     room=goal_room.replace("_", " "))
+                text = f"[t={t_s:.1f}s speech] {person} says: \"{said}\""
+                source = "speech"
+            else:
+                action, result, target = self._act(rng, room, goal_room, goal_obj, held)
+                if action.startswith("go_to") and result == "succeeded":
+                    room = target
+                elif action.startswith("pick") and result == "succeeded":
+                    held = goal_obj
+                elif action.startswith("place") and result == "succeeded":
+                    self.layout[held or goal_obj] = (room, round(x, 2), round(y, 2))
+                    held = None
+                    goal_room, goal_obj = rng.choice(ROOMS), rng.choice(OBJECTS)
+                text = f"[t={t_s:.1f}s action] {action} -> {result}; now in {room}"
+                source = "action"
+            yield EpisodeChunk(t_s=t_s, source=source, text=text)
+            i += 1
+
+    def _act(self, rng: random.Random, room: str, goal_room: str, goal_obj: str,
+             held: str | None) -> tuple[str, str, str]:
+        """(action, result, room the action leads to)."""
+        if held is None and self.layout[goal_obj][0] != room:
+            target = self.layout[goal_obj][0]
+            return (f"go_to({target})", rng.choice(("succeeded", "succeeded", "blocked by a door")),
+                    target)
+        if held is None:
+            return f"pick({goal_obj})", rng.choice(("succeeded", "succeeded", "grasp slipped")), room
+        if room != goal_room:
+            return f"go_to({goal_room})", "succeeded", goal_room
+        return f"place({held})", "succeeded", room
+
+
+def parse_action(answer: str, n_actions: int) -> int | None:
+    """The 1-based action number in a model's answer, or None if it names none."""
+    digits = ""
+    for ch in answer.strip():
+        if ch.isdigit():
+            digits += ch
+        elif digits:
+            break
+    if digits and 1 <= int(digits) <= n_actions:
+        return int(digits)
+    return None

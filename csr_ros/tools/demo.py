@@ -1,0 +1,412 @@
+"""`csr-ros demo`: a synthetic robot episode driven through ASR over two resources.
+
+    csr-ros demo                                   # short run on the embedded SmolLM2
+    csr-ros demo --cycles 10 --json d.json --plot d.png
+    csr-ros demo --cycles 3 --baseline sync --json s.json
+
+Two local engines run in two worker processes (one CPU thread each). Chunks of the episode
+stream in at --chunk-rate-hz; the policy asks for the next action at --rate-hz; when the static
+part reaches --tau-mem tokens the secondary is warmed with the evicted state and swapped in.
+The report gives TTFT inside and outside reconciliation windows, swaps, fallbacks, retries,
+and the chunks lost, checked seq by seq against the active state and the evictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from csr_ros.chunklog import ChunkLog, read_log, rebuild_state
+from csr_ros.episode import Episode, parse_action
+from csr_ros.errors import ConfigError
+from csr_ros.eviction import make_policy
+from csr_ros.layout import Layout
+from csr_ros.model_store import DEFAULT_MODEL, resolve_model_dir
+from csr_ros.reconcile.driver import QueryOutcome, Reconciler
+from csr_ros.reconcile.machine import Phase, ReconcileConfig
+from csr_ros.state import CsrState
+from csr_ros.tokenizer import HFTokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULTS = {
+    "cycles": 3,
+    "tau_mem": 1536,
+    "chunk_rate_hz": 0.5,
+    "rate_hz": 2.0,
+    "max_context_tokens": 4096,
+    "n_catchup": 64,
+    "reserve_tokens": 128,
+    "max_new_tokens": 2,
+    "detail": 3,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = DEFAULTS
+    run = parser.add_argument_group("run")
+    run.add_argument("--cycles", type=int, default=d["cycles"],
+                     help=f"stop after N completed eviction cycles (default {d['cycles']})")
+    run.add_argument("--duration-s", type=float, default=None,
+                     help="stop after this many seconds (default: only --cycles stops the run)")
+    run.add_argument("--seed", type=int, default=0, help="episode seed (default 0)")
+    run.add_argument("--baseline", choices=["none", "sync", "unordered"], default="none",
+                     help="sync: evict synchronously on one resource; unordered: no prefix reuse")
+    stream = parser.add_argument_group("stream and policy")
+    stream.add_argument("--tau-mem", type=int, default=d["tau_mem"],
+                        help=f"evict when the static part reaches this many tokens "
+                             f"(default {d['tau_mem']})")
+    stream.add_argument("--chunk-rate-hz", type=float, default=d["chunk_rate_hz"],
+                        help=f"episode chunks per second (default {d['chunk_rate_hz']})")
+    stream.add_argument("--detail", type=int, default=d["detail"],
+                        help=f"detections per camera chunk, sets the chunk size "
+                             f"(default {d['detail']})")
+    stream.add_argument("--rate-hz", type=float, default=d["rate_hz"],
+                        help=f"policy decisions per second (default {d['rate_hz']})")
+    stream.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"])
+    stream.add_argument("--eviction-fraction", type=float, default=0.5,
+                        help="oldest fraction of chunks evicted per cycle (default 0.5)")
+    stream.add_argument("--n-catchup", type=int, default=d["n_catchup"],
+                        help=f"catch up while the buffer holds more tokens than this "
+                             f"(default {d['n_catchup']})")
+    stream.add_argument("--reserve-tokens", type=int, default=d["reserve_tokens"],
+                        help="context kept free for the dynamic part and the answer")
+    res = parser.add_argument_group("resources")
+    res.add_argument("--resource", choices=["local", "openai"], default="local")
+    res.add_argument("--model", default=DEFAULT_MODEL,
+                     help="local: 'smollm2' or a model directory; openai: the tokenizer's model")
+    res.add_argument("--threads", type=int, default=1, help="CPU threads per local engine")
+    res.add_argument("--max-context-tokens", type=int, default=d["max_context_tokens"])
+    res.add_argument("--r1", help="openai: URL of the primary server")
+    res.add_argument("--r2", help="openai: URL of the secondary server")
+    res.add_argument("--warm-timeout-s", type=float, default=None,
+                     help="kill and retry a warm-up or catch-up step that takes longer")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", type=Path, help="write the summary as JSON")
+    out.add_argument("--plot", type=Path, help="write TTFT over time and its distribution (PNG)")
+    out.add_argument("--chunk-log", type=Path,
+                     help="append the chunk stream to this crash-safe log and check at the end "
+                          "that it rebuilds the same state")
+    out.add_argument("--no-progress", action="store_true", help="no live line on stderr")
+    out.add_argument("--inject-kill-warmup", type=int, default=None, metavar="N",
+                     help="fault injection: kill the secondary's worker during warm-up N")
+
+
+def run(args: argparse.Namespace) -> int:
+    summary = run_demo(args)
+    print(format_report(summary))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"summary written to {args.json}")
+    if args.plot:
+        from csr_ros.plots import plot_run
+
+        plot_run(summary, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0 if summary["chunks_lost"] == 0 and summary["state_consistent"] else 1
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+@dataclass
+class _Run:
+    outcomes: list[QueryOutcome] = field(default_factory=list)
+    sent_seqs: list[int] = field(default_factory=list)
+    inputs: int = 0
+    skipped_ticks: int = 0
+    kills: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def run_demo(args: argparse.Namespace) -> dict:
+    mode = "asr" if args.baseline == "none" else args.baseline
+    if args.cycles < 1 and args.duration_s is None:
+        raise ConfigError("give --cycles >= 1 or --duration-s")
+    model_dir = resolve_model_dir(args.model, weights=False)
+    tokenizer = HFTokenizer(model_dir)
+    layout = Layout.from_tokenizer(tokenizer)
+    episode = Episode(args.seed, chunk_rate_hz=args.chunk_rate_hz, detail=args.detail)
+    state = CsrState(tokenizer=tokenizer, layout=layout, profile=episode.profile())
+    config = ReconcileConfig(tau_mem_tokens=args.tau_mem,
+                             max_context_tokens=args.max_context_tokens,
+                             reserve_tokens=args.reserve_tokens, n_catchup_tokens=args.n_catchup,
+                             mode=mode, warm_timeout_s=args.warm_timeout_s)
+    resources = _make_resources(args, 2 if mode == "asr" else 1)
+    chunk_log = ChunkLog(args.chunk_log, fsync_interval_s=1.0) if args.chunk_log else None
+    if chunk_log is not None and chunk_log.records:
+        raise ConfigError(f"{args.chunk_log} already holds a run; give a new path")
+    r = _Run()
+    try:
+        rec = Reconciler(state, resources, config, chunk_log=chunk_log,
+                         policy=make_policy("oldest_fraction", fraction=args.eviction_fraction))
+        log.info("loading the prefix (%d tokens) on %s", state.n_static, resources[0].name)
+        rec.start(timeout_s=600)
+        started_s = time.monotonic()
+        threads = [threading.Thread(target=_produce, args=(rec, episode, r, started_s),
+                                    name="episode", daemon=True)]
+        if args.inject_kill_warmup:
+            threads.append(threading.Thread(target=_kill_during_warmup,
+                                            args=(rec, args.inject_kill_warmup, r),
+                                            name="fault", daemon=True))
+        if not args.no_progress:
+            threads.append(threading.Thread(target=_progress, args=(rec, r, started_s),
+                                            name="progress", daemon=True))
+        for thread in threads:
+            thread.start()
+        _decide(rec, episode, r, args, started_s)
+        r.stop.set()
+        for thread in threads:
+            thread.join(10.0)
+        if not args.no_progress:
+            print(file=sys.stderr)
+        rec.wait_idle(timeout_s=120)
+        summary = _summarize(rec, r, args, mode, started_s, resources)
+        if chunk_log is not None:
+            chunk_log.close()
+            rebuilt = rebuild_state(read_log(args.chunk_log),
+                                    CsrState(tokenizer=tokenizer, layout=layout,
+                                             profile=episode.profile()))
+            summary["chunk_log_rebuilds_state"] = rebuilt.static_ids == rec.machine.active.static_ids
+        rec.close()
+        return summary
+    finally:
+        if chunk_log is not None:
+            chunk_log.close()
+        for resource in resources:
+            resource.close()
+
+
+def _make_resources(args: argparse.Namespace, n: int) -> list:
+    names = ["r1", "r2"][:n]
+    if args.resource == "openai":
+        from csr_ros.resources.factory import make_resource
+
+        urls = [args.r1, args.r2][:n]
+        if any(u is None for u in urls):
+            raise ConfigError("--resource openai needs --r1 URL" + (" and --r2 URL" if n > 1 else ""))
+        return [make_resource("openai", url=url, name=name,
+                              max_context_tokens=args.max_context_tokens,
+                              tau_mem_tokens=args.tau_mem)
+                for url, name in zip(urls, names)]
+    from csr_ros.resources.process import ProcessResource
+
+    made: dict[str, object] = {}
+    errors: list[BaseException] = []
+
+    def start(name: str) -> None:
+        try:
+            made[name] = ProcessResource("local", name=name, model=args.model,
+                                         threads=args.threads,
+                                         max_context_tokens=args.max_context_tokens)
+        except BaseException as exc:
+            errors.append(exc)
+
+    starters = [threading.Thread(target=start, args=(name,)) for name in names]
+    for thread in starters:
+        thread.start()
+    for thread in starters:
+        thread.join()
+    if errors:
+        for resource in made.values():
+            resource.close()
+        raise errors[0]
+    return [made[name] for name in names]
+
+
+def _produce(rec: Reconciler, episode: Episode, r: _Run, started_s: float) -> None:
+    """The robot side: episode chunks at their scheduled times."""
+    for item in episode.stream():
+        delay_s = started_s + item.t_s - time.monotonic()
+        if r.stop.wait(max(0.0, delay_s)):
+            return
+        chunks = rec.add_chunk(item.text, source=item.source, stamp_ns=time.time_ns())
+        r.inputs += 1
+        r.sent_seqs.extend(c.seq for c in chunks)
+
+
+def _decide(rec: Reconciler, episode: Episode, r: _Run, args, started_s: float) -> None:
+    """The policy loop: one decision per tick; a late decision skips the ticks it overran."""
+    period_s = 1.0 / args.rate_hz
+    tick = 0
+    cycles_done_at: int | None = None
+    while True:
+        now_s = time.monotonic()
+        elapsed_s = now_s - started_s
+        if args.duration_s is not None and elapsed_s >= args.duration_s:
+            return
+        if rec.machine.counters.cycles >= args.cycles > 0:
+            cycles_done_at = len(r.outcomes) if cycles_done_at is None else cycles_done_at
+            if len(r.outcomes) - cycles_done_at >= 3:     # a few decisions on the last version
+                return
+        r.outcomes.append(rec.query(episode.task(), suffix=episode.suffix(elapsed_s),
+                                    max_new_tokens=args.max_new_tokens))
+        tick += 1
+        next_s = started_s + tick * period_s
+        late = time.monotonic() - next_s
+        if late > 0:
+            skipped = int(late // period_s) + 1
+            r.skipped_ticks += skipped - 1
+            tick += skipped - 1
+            continue
+        time.sleep(max(0.0, next_s - time.monotonic()))
+
+
+def _kill_during_warmup(rec: Reconciler, n: int, r: _Run) -> None:
+    """Fault injection: SIGKILL the secondary's worker while it loads X_E of cycle n."""
+    while not r.stop.wait(0.02):
+        m = rec.machine
+        if m.phase is Phase.WARM and m.counters.cycles_started == n:
+            victim = rec.resources[m.secondary]
+            time.sleep(0.2)                      # well inside the multi-second warm-up
+            if rec.machine.phase is Phase.WARM and hasattr(victim, "kill"):
+                log.warning("fault injection: killing %s (pid %s) during warm-up %d",
+                            victim.name, getattr(victim, "pid", None), n)
+                victim.kill()
+                r.kills += 1
+                return
+
+
+def _progress(rec: Reconciler, r: _Run, started_s: float) -> None:
+    tty = sys.stderr.isatty()
+    last_print_s = 0.0
+    while not r.stop.wait(0.5):
+        s = rec.snapshot()
+        last = next((o for o in reversed(r.outcomes) if o.ttft_s is not None), None)
+        headroom = "-" if s["headroom_s"] is None else f"{s['headroom_s']:.0f}s"
+        line = (f"{time.monotonic() - started_s:6.1f}s chunks {s['chunks_in']:4d} static "
+                f"{s['n_static_tokens']:5d} tok v{s['version']} {s['phase']:<7} ttft "
+                f"{'-' if last is None else f'{last.ttft_s:.3f}s'} cycles {s['cycles']} "
+                f"swaps {s['swaps']} fallbacks {s['fallbacks']} retries {s['retries']} "
+                f"headroom {headroom}")
+        if tty:
+            print("\r" + line.ljust(120), end="", file=sys.stderr, flush=True)
+        elif time.monotonic() - last_print_s >= 10.0:
+            print(line, file=sys.stderr, flush=True)
+            last_print_s = time.monotonic()
+
+
+# -- the report -------------------------------------------------------------------------------
+
+def _summarize(rec: Reconciler, r: _Run, args, mode: str, started_s: float,
+               resources: list) -> dict:
+    with rec._lock:
+        m = rec.machine
+        active = [int(c.seq) for c in m.active.chunks]
+        evicted = [int(s) for s in m.evicted_seqs]
+        counters = dict(vars(m.counters))
+        active_ids = tuple(m.active.static_ids)
+        primary = rec.resources[m.primary]
+    sent = r.sent_seqs
+    kept = set(active) | set(evicted)
+    lost = [s for s in sent if s not in kept]
+    duplicated = len(active) + len(evicted) - len(kept)
+    in_order = evicted + active == sent
+    committed = _committed_ids(primary)
+    consistent = (committed is None or active_ids[:len(committed)] == committed) and in_order
+    ok = [o for o in r.outcomes if o.ttft_s is not None]
+    answers = [parse_action(o.result.text, 8) for o in ok]
+    duration_s = time.monotonic() - started_s
+    viability = rec.snapshot()
+    headrooms = [v for v in [viability["headroom_s"]] if v is not None]
+    return {
+        "mode": mode, "seed": args.seed, "model": args.model, "resource": args.resource,
+        "tau_mem_tokens": args.tau_mem, "chunk_rate_hz": args.chunk_rate_hz,
+        "rate_hz": args.rate_hz, "max_context_tokens": args.max_context_tokens,
+        "n_catchup_tokens": args.n_catchup, "duration_s": round(duration_s, 3),
+        "cycles": counters["cycles"], "swaps": counters["swaps"],
+        "sync_evictions": counters["sync_evictions"], "fallbacks": counters["fallbacks"],
+        "retries": counters["retries"], "failovers": counters["failovers"],
+        "catchup_steps": counters["catchup_steps"],
+        "worker_restarts": sum(getattr(x, "restarts", 0) for x in resources),
+        "injected_kills": r.kills,
+        "chunks_in": len(sent), "inputs": r.inputs, "chunks_lost": len(lost) + duplicated,
+        "chunks_duplicated": duplicated, "chunks_in_order": in_order,
+        "chunks_active": len(active), "chunks_evicted": len(evicted),
+        "final_static_tokens": len(active_ids), "final_version": int(rec.machine.active.version),
+        "state_consistent": consistent,
+        "queries": len(r.outcomes), "failed_queries": len(r.outcomes) - len(ok),
+        "skipped_ticks": r.skipped_ticks,
+        "valid_actions": sum(a is not None for a in answers),
+        "ttft": _ttft_stats(ok),
+        "viability": {k: viability[k] for k in ("headroom_s", "arrival_tokens_per_s",
+                                                "warm_tokens_per_s", "catchup_tokens_per_s",
+                                                "dt_warm_s", "dt_recon_s", "time_to_full_s")},
+        "headroom_s": headrooms[0] if headrooms else None,
+        "samples": [{"t_s": round(o.started_s - started_s, 4), "ttft_s": round(o.ttft_s, 5),
+                     "inside": o.inside_window, "version": int(o.request.version),
+                     "n_static": o.request.n_static, "resource": o.resource}
+                    for o in ok],
+        "windows": [[round(a - started_s, 3), None if b is None else round(b - started_s, 3)]
+                    for a, b in rec.windows],
+        "timeline": [{"t_s": round(e.t_s - started_s, 3), "kind": e.kind, "version": e.version,
+                      "detail": e.detail} for e in rec.timeline if e.t_s >= started_s],
+    }
+
+
+def _committed_ids(resource) -> tuple[int, ...] | None:
+    try:
+        return tuple(resource.committed_ids)
+    except AttributeError:
+        return None
+    except Exception as exc:
+        log.warning("cannot read what %s has committed: %s", resource.name, exc)
+        return None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _ttft_stats(outcomes: list[QueryOutcome]) -> dict:
+    def stats(values: list[float], tag: str = "") -> dict:
+        return {f"n{tag}": len(values),
+                f"mean{tag}_s": sum(values) / len(values) if values else None,
+                f"p50{tag}_s": percentile(values, 50), f"p99{tag}_s": percentile(values, 99),
+                f"max{tag}_s": max(values) if values else None}
+
+    every = [o.ttft_s for o in outcomes]
+    inside = [o.ttft_s for o in outcomes if o.inside_window]
+    outside = [o.ttft_s for o in outcomes if not o.inside_window]
+    return {**stats(every), **stats(inside, "_inside"), **stats(outside, "_outside")}
+
+
+def format_report(s: dict) -> str:
+    t = s["ttft"]
+
+    def ms(v):
+        return "-" if v is None else f"{v * 1000:.0f} ms"
+
+    lines = [
+        f"csr-ros demo ({s['mode']}, {s['resource']} {s['model']}, seed {s['seed']}): "
+        f"{s['duration_s']:.0f} s, tau_mem {s['tau_mem_tokens']} tokens",
+        f"  cycles {s['cycles']}  swaps {s['swaps']}  sync evictions {s['sync_evictions']}  "
+        f"fallbacks {s['fallbacks']}  retries {s['retries']}  failovers {s['failovers']}",
+        f"  chunks in {s['chunks_in']}  lost {s['chunks_lost']}  active {s['chunks_active']}  "
+        f"evicted {s['chunks_evicted']}  state consistent {s['state_consistent']}",
+        f"  queries {s['queries']}  failed {s['failed_queries']}  skipped ticks "
+        f"{s['skipped_ticks']}  valid actions {s['valid_actions']}",
+        f"  TTFT all     n={t['n']:4d} mean {ms(t['mean_s'])}  p50 {ms(t['p50_s'])}  "
+        f"p99 {ms(t['p99_s'])}  max {ms(t['max_s'])}",
+        f"  TTFT inside  n={t['n_inside']:4d} mean {ms(t['mean_inside_s'])}  p50 "
+        f"{ms(t['p50_inside_s'])}  p99 {ms(t['p99_inside_s'])}  max {ms(t['max_inside_s'])}",
+        f"  TTFT outside n={t['n_outside']:4d} mean {ms(t['mean_outside_s'])}  p50 "
+        f"{ms(t['p50_outside_s'])}  p99 {ms(t['p99_outside_s'])}  max {ms(t['max_outside_s'])}",
+    ]
+    if s.get("headroom_s") is not None:
+        lines.append(f"  viability headroom {s['headroom_s']:.1f} s (paper eq. 54)")
+    if "chunk_log_rebuilds_state" in s:
+        lines.append(f"  chunk log rebuilds the same state: {s['chunk_log_rebuilds_state']}")
+    return "\n".join(lines)
