@@ -29,12 +29,13 @@ MODEL_ALIAS = "smollm2"
 class LlamaServer:
     """A handle on one server process; `kill()` and `start()` keep the same port."""
 
-    def __init__(self, gguf: Path, log_path: Path):
+    def __init__(self, gguf: Path, log_path: Path, *, api_key: str | None = None):
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         self.log_path = log_path
         self._server = ManagedServer(
             name=f"llama.cpp:{self.port}", url=self.url, log_path=log_path,
+            env={**os.environ, "CSR_ROS_SERVER_API_KEY": api_key} if api_key else None,
             command=llamacpp_command(gguf, port=self.port, n_ctx=N_CTX_TOKENS,
                                      n_threads=THREADS, model_alias=MODEL_ALIAS))
 
@@ -80,6 +81,15 @@ def llama_server(tmp_path_factory):
 @pytest.fixture
 def fresh_llama_server(tmp_path):
     server = LlamaServer(_gguf_or_skip(), tmp_path / "server.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def llama_server_with_key(tmp_path):
+    """One server that requires the API key `test-key`."""
+    server = LlamaServer(_gguf_or_skip(), tmp_path / "server.log", api_key="test-key")
     server.start()
     yield server
     server.stop()

@@ -15,7 +15,7 @@ from csr_ros.errors import ResourceError, ResourceTimeoutError, ResourceUnavaila
 from csr_ros.layout import Layout
 from csr_ros.resources.openai import OpenAIResource
 from csr_ros.state import CsrState
-from llama_server import fresh_llama_server  # noqa: F401  (fixture)
+from llama_server import fresh_llama_server, llama_server_with_key  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.server
 
@@ -80,6 +80,32 @@ def test_a_server_slower_than_the_read_timeout_gives_a_timeout_error(fresh_llama
         resource.load(state.static_ids, state.static_text)
     assert resource.n_committed == 0
     resource.close()
+
+
+def test_a_server_that_comes_back_within_the_retries_answers_the_call(fresh_llama_server):
+    server = fresh_llama_server
+    resource = OpenAIResource(server.url, retries=6, backoff_s=0.25)
+    state = robot_state(resource, 100)
+    server.kill()
+    restarter = threading.Timer(0.3, server.start)   # connection refused until it is up again
+    restarter.start()
+    result = resource.query(state.build_request(task="Next action?"), max_new_tokens=2)
+    restarter.join()
+    assert result.n_generated >= 1
+    resource.close()
+
+
+def test_a_wrong_or_missing_api_key_is_refused_with_a_clear_message(llama_server_with_key,
+                                                                    monkeypatch):
+    monkeypatch.delenv("CSR_ROS_API_KEY", raising=False)
+    with pytest.raises(ResourceUnavailableError, match="refused the API key"):
+        OpenAIResource(llama_server_with_key.url)
+    with pytest.raises(ResourceUnavailableError, match="refused the API key"):
+        OpenAIResource(llama_server_with_key.url, api_key="wrong")
+    monkeypatch.setenv("CSR_ROS_API_KEY", "test-key")
+    with OpenAIResource(llama_server_with_key.url) as resource:
+        state = robot_state(resource, 60)
+        assert resource.query(state.build_request(task="Next?"), max_new_tokens=1).ttft_s > 0
 
 
 def test_every_fault_is_a_resource_error():
