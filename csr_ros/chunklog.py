@@ -16,6 +16,10 @@ A crash can leave the last record torn (the file ends inside it, or its payload 
 written and reads back wrong): opening the log detects that, warns, and truncates it. Damage
 anywhere else raises `ChunkLogError`: a record that is followed by more data must be intact.
 Records are flushed at once and fsync'ed every `fsync_interval_s` (0: after every record).
+
+Restart: `rebuild_state(read_log(path), empty_state)` gives the same static token ids; where a
+capsule was saved at a committed boundary (`save_capsule`), `resume` restores it and prefills
+only what came after, instead of the whole state.
 """
 
 from __future__ import annotations
@@ -191,6 +195,74 @@ def rebuild_state(records: Iterable[Record], initial: CsrState) -> CsrState:
         state = state.evicted(n_drop)
         state.version = record.version
     return state
+
+
+# -- capsules at a committed boundary ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Resumed:
+    n_from_capsule: int      # tokens restored from the capsule (0: no usable capsule)
+    n_prefilled: int         # tokens prefilled after it (the whole run without a capsule)
+    n_committed: int
+
+
+def save_capsule(resource, path: str | Path) -> int:
+    """Save the capsule of a local resource at its committed boundary (atomically).
+
+    Works in-process and through a `ProcessResource` (the capsule is written by the worker).
+    Returns the number of committed tokens the capsule holds.
+    """
+    return _on_resource(resource, _save_capsule_here, str(path))
+
+
+def resume(resource, state: CsrState, capsule_path: str | Path | None) -> Resumed:
+    """Make `resource` hold exactly `state`'s static run, restoring a capsule where it can.
+
+    The capsule is used when its token ids are a prefix of the run (it was saved at an earlier
+    committed boundary of the same version); then only the rest is prefilled. Otherwise, or
+    without a capsule, the whole run is loaded.
+    """
+    path = None if capsule_path is None or not Path(capsule_path).exists() else str(capsule_path)
+    return _on_resource(resource, _resume_here, tuple(state.static_ids), path)
+
+
+def _on_resource(resource, func, *args):
+    if hasattr(resource, "apply"):        # a ProcessResource: run it next to the engine
+        return resource.apply(func, *args)
+    return func(resource, *args)
+
+
+def _save_capsule_here(resource, path: str) -> int:
+    engine = resource.engine
+    capsule = engine.snapshot()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    written = Path(engine.save_capsule(capsule, tmp))
+    os.replace(written, target)
+    return capsule.n_tokens
+
+
+def _resume_here(resource, static_ids: tuple[int, ...], path: str | None) -> Resumed:
+    engine = resource.engine
+    if path is not None:
+        try:
+            capsule = engine.load_capsule(path)
+        except Exception as exc:      # a stale or foreign capsule only costs a full prefill
+            log.warning("capsule %s not usable (%s); prefilling the whole state", path, exc)
+        else:
+            n = capsule.n_tokens
+            if 0 < n <= len(static_ids) and tuple(capsule.token_ids) == static_ids[:n]:
+                engine.restore(capsule)
+                if n < len(static_ids):
+                    resource.extend(static_ids[n:])
+                return Resumed(n_from_capsule=n, n_prefilled=len(static_ids) - n,
+                               n_committed=resource.n_committed)
+            log.warning("capsule %s (%d tokens) is not a prefix of the rebuilt state; "
+                        "prefilling the whole state", path, n)
+    resource.load(static_ids)
+    return Resumed(n_from_capsule=0, n_prefilled=len(static_ids),
+                   n_committed=resource.n_committed)
 
 
 def _decode(payload: bytes, where: str, pos: int) -> Record:

@@ -302,8 +302,17 @@ class Reconciliation:
 
     # -- events --------------------------------------------------------------------------------
 
-    def start(self) -> list[Command]:
-        """Load the primary with the current state (before the first query)."""
+    def start(self, *, preloaded: bool = False) -> list[Command]:
+        """Load the primary with the current state (before the first query).
+
+        `preloaded`: the primary already holds exactly the active static run (resumed from a
+        capsule and the chunk log), so nothing is loaded.
+        """
+        if preloaded:
+            self.slots[self.primary].holds = self.active.version
+            self.active.mark_prefilled()
+            self._primary_issued_tokens = self.active.n_static
+            return []
         return self._reload_primary("start")
 
     def handle(self, event: Event) -> list[Command]:

@@ -26,7 +26,7 @@ import os
 import pickle
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from csr_ros.errors import ResourceError, ResourceTimeoutError, ResourceUnavailableError
 from csr_ros.resources.base import PrefillResult, QueryResult
@@ -114,6 +114,12 @@ class ProcessResource:
             return                          # the child just exited, or no setpriority here
         self._background = background
 
+    def apply(self, func: Callable[..., Any], *args: Any, timeout_s: float | None = None,
+              **kwargs: Any) -> Any:
+        """Run `func(resource, *args, **kwargs)` in the child (`func` must be importable)."""
+        with self._lock:
+            return self._call_locked(func, args, kwargs, timeout_s)
+
     def kill(self) -> None:
         """Kill the worker process now (fault injection, or a hung child)."""
         if self._process is not None and self._process.is_alive():
@@ -159,14 +165,16 @@ class ProcessResource:
         self.max_context_tokens = payload["max_context_tokens"]
         log.info("resource %s (%s) ready in worker process %d", self.name, self.kind, process.pid)
 
-    def _call_locked(self, path: str, args: tuple, kwargs: dict, timeout_s: float | None) -> Any:
+    def _call_locked(self, path: str | Callable, args: tuple, kwargs: dict,
+                     timeout_s: float | None) -> Any:
+        what = path if isinstance(path, str) else getattr(path, "__name__", "apply")
         if not self.alive:
-            raise ResourceUnavailableError(self._dead_message(path))
+            raise ResourceUnavailableError(self._dead_message(what))
         try:
             self._conn.send((path, args, kwargs))
         except (OSError, EOFError):
-            raise ResourceUnavailableError(self._dead_message(path)) from None
-        status, payload = self._receive(timeout_s, path)
+            raise ResourceUnavailableError(self._dead_message(what)) from None
+        status, payload = self._receive(timeout_s, what)
         if status == "ok":
             return payload
         raise _as_exception(payload)
@@ -220,10 +228,13 @@ def _child_main(conn, kind: str, options: dict) -> None:
             break
         path, args, kwargs = message
         try:
-            target = resource
-            for part in path.split("."):
-                target = getattr(target, part)
-            result = target(*args, **kwargs) if callable(target) else target
+            if callable(path):
+                result = path(resource, *args, **kwargs)
+            else:
+                target = resource
+                for part in path.split("."):
+                    target = getattr(target, part)
+                result = target(*args, **kwargs) if callable(target) else target
         except BaseException as exc:
             conn.send(("error", _portable(exc)))
             continue
