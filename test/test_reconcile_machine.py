@@ -34,8 +34,8 @@ WORDS = ["cup", "table", "kitchen", "x=1.25", "Alice", "says", "hello", "door", 
 MAX_NEW_TOKENS = 4
 
 
-def new_state() -> CsrState:
-    return CsrState(tokenizer=TOKENIZER, layout=LAYOUT, profile=PROFILE)
+def new_state(mode: str = "token") -> CsrState:
+    return CsrState(tokenizer=TOKENIZER, layout=LAYOUT, profile=PROFILE, mode=mode)
 
 
 @dataclass
@@ -58,8 +58,10 @@ class ReconcileMachineModel(RuleBasedStateMachine):
     @initialize(mode=st.sampled_from(["asr", "asr", "asr", "sync", "unordered"]),
                 tau=st.integers(min_value=60, max_value=240),
                 n_catchup=st.sampled_from([0, 8, 40]),
-                slack=st.integers(min_value=0, max_value=200), eager=st.booleans())
-    def setup(self, mode, tau, n_catchup, slack, eager):
+                slack=st.integers(min_value=0, max_value=200), eager=st.booleans(),
+                state_mode=st.sampled_from(["token", "token", "text"]))
+    def setup(self, mode, tau, n_catchup, slack, eager, state_mode):
+        self.state_mode = state_mode
         reserve = 48
         self.config = ReconcileConfig(tau_mem_tokens=tau, n_catchup_tokens=n_catchup,
                                       reserve_tokens=reserve, mode=mode, eager_extend=eager,
@@ -72,7 +74,7 @@ class ReconcileMachineModel(RuleBasedStateMachine):
         self.last_version = -1
         self.expect_i_star: int | None = None
         self.now_s = 0.0
-        self.machine = Reconciliation(new_state(), names, self.config)
+        self.machine = Reconciliation(new_state(state_mode), names, self.config)
         self.run(self.machine.start())
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -80,6 +82,10 @@ class ReconcileMachineModel(RuleBasedStateMachine):
     def run(self, commands):
         for cmd in commands:
             if isinstance(cmd, (Load, Extend)):
+                assert (cmd.text is not None) == (self.state_mode == "text")
+                if isinstance(cmd, Extend) and cmd.text is not None:
+                    assert TOKENIZER.encode_data(cmd.text) == list(cmd.ids), \
+                        "text mode sends the same chunks as text"
                 self.sims[cmd.resource].queue.append(cmd)
             elif isinstance(cmd, Route):
                 self.sims[cmd.resource].queue.append(cmd)
@@ -176,7 +182,7 @@ class ReconcileMachineModel(RuleBasedStateMachine):
 
     @rule()
     def process_restarts_from_its_log(self):
-        rebuilt = rebuild_state(self.records, new_state())
+        rebuilt = rebuild_state(self.records, new_state(self.state_mode))
         assert rebuilt.static_ids == self.machine.active.static_ids, \
             "the log rebuilds the active state token for token"
         assert rebuilt.version == self.machine.active.version

@@ -63,6 +63,26 @@ class TimelineEvent:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class Accounting:
+    """Where every chunk is, taken under one lock: in the active state or evicted by policy."""
+
+    active_seqs: tuple[int, ...]
+    evicted_seqs: tuple[int, ...]
+    static_ids: tuple[int, ...]
+    version: int
+    primary: str
+    counters: dict
+
+    def check(self, sent_seqs: Sequence[int]) -> dict:
+        """Compare with every seq that was sent: lost, duplicated, out of order."""
+        kept = set(self.active_seqs) | set(self.evicted_seqs)
+        lost = [s for s in sent_seqs if s not in kept]
+        duplicated = len(self.active_seqs) + len(self.evicted_seqs) - len(kept)
+        return {"lost": len(lost), "duplicated": duplicated,
+                "in_order": list(self.evicted_seqs) + list(self.active_seqs) == list(sent_seqs)}
+
+
 @dataclass
 class SwapRecord:
     version: int
@@ -143,10 +163,14 @@ class Reconciler:
 
     # -- feeding and asking ----------------------------------------------------------------
 
-    def start(self, *, wait: bool = True, timeout_s: float | None = None) -> None:
-        """Load the primary with the current state (prefix and any rebuilt chunks)."""
+    def start(self, *, wait: bool = True, timeout_s: float | None = None,
+              preloaded: bool = False) -> None:
+        """Load the primary with the current state (prefix and any rebuilt chunks).
+
+        `preloaded`: the primary already holds exactly that state (see `chunklog.resume`).
+        """
         with self._lock:
-            self._dispatch(self.machine.start())
+            self._dispatch(self.machine.start(preloaded=preloaded))
         if wait:
             self.wait_idle(timeout_s=timeout_s)
 
@@ -196,7 +220,7 @@ class Reconciler:
         if route.cold:
             # Unordered baseline: nothing of the previous prompt is reused.
             load_started = self.clock()
-            resource.load(route.request.static_ids[:1])
+            resource.load(())
             wait_s += self.clock() - load_started
         return wait_s, resource.query(route.request, max_new_tokens=max_new_tokens, stop=stop)
 
@@ -220,6 +244,15 @@ class Reconciler:
                     "catchup_tokens_per_s": v.catchup_tokens_per_s,
                     "dt_warm_s": v.dt_warm_s, "dt_recon_s": v.dt_recon_s,
                     "time_to_full_s": v.time_to_full_s}
+
+    def accounting(self) -> Accounting:
+        with self._lock:
+            m = self.machine
+            return Accounting(active_seqs=tuple(int(c.seq) for c in m.active.chunks),
+                              evicted_seqs=tuple(int(s) for s in m.evicted_seqs),
+                              static_ids=tuple(m.active.static_ids),
+                              version=int(m.active.version), primary=m.primary,
+                              counters=dict(vars(m.counters)))
 
     def wait_idle(self, *, timeout_s: float | None = None) -> bool:
         """Wait until no reconciliation runs and every resource has finished its work."""
@@ -308,9 +341,9 @@ class Reconciler:
         ok = True
         try:
             if isinstance(cmd, Load):
-                resource.load(cmd.ids, **kwargs)
+                resource.load(cmd.ids, cmd.text, **kwargs)
             else:
-                resource.extend(cmd.ids, **kwargs)
+                resource.extend(cmd.ids, cmd.text, **kwargs)
         except CsrError as exc:
             ok = False
             log.warning("%s of v%d on %s failed: %s", type(cmd).__name__.lower(), cmd.version,

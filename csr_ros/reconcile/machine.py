@@ -132,6 +132,7 @@ class Load:
     ids: tuple[int, ...]
     purpose: str                       # start | warm | evict | failover
     timeout_s: float | None = None
+    text: str | None = None            # text mode: the same run as a string
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class Extend:
     last_seq: Seq
     timeout_s: float | None = None
     purpose: str = "catchup"           # catchup (secondary) | eager (primary, new chunks)
+    text: str | None = None            # text mode: the same tokens as a string
 
 
 @dataclass(frozen=True)
@@ -466,7 +468,7 @@ class Reconciliation:
         self.phase = Phase.WARM
         return [Load(op_id=op_id, resource=slot.name, version=self.pending.version,
                      ids=tuple(self.pending.static_ids), purpose="warm",
-                     timeout_s=self.config.warm_timeout_s)]
+                     timeout_s=self.config.warm_timeout_s, text=_text_of(self.pending))]
 
     def _catch_up_or_swap(self, now_s: float) -> list[Command]:
         if self.buffer_tokens > self.config.n_catchup_tokens:
@@ -480,7 +482,8 @@ class Reconciliation:
             slot.ops.add(op_id)
             return [Extend(op_id=op_id, resource=slot.name, version=self.pending.version,
                            ids=tuple(ids), first_seq=chunks[0].seq, last_seq=chunks[-1].seq,
-                           timeout_s=self.config.warm_timeout_s)]
+                           timeout_s=self.config.warm_timeout_s,
+                           text=_text_of(self.pending, chunks))]
         return self._swap(now_s)
 
     def _swap(self, now_s: float) -> list[Command]:
@@ -582,13 +585,15 @@ class Reconciliation:
         self._primary_op = op_id = next(self._op_ids)
         slot.ops.add(op_id)
         return [Load(op_id=op_id, resource=slot.name, version=self.active.version,
-                     ids=tuple(self.active.static_ids), purpose=purpose)]
+                     ids=tuple(self.active.static_ids), purpose=purpose,
+                     text=_text_of(self.active))]
 
     def _eager_extend(self) -> list[Command]:
         """Prefill chunks the primary does not hold yet, while it has no query to answer."""
         slot = self.slots[self.primary]
         if not self.config.eager_extend or self.config.mode == "unordered" or slot.inflight \
-                or slot.failed or self._primary_retry_timer is not None:
+                or slot.failed or slot.holds != self.active.version \
+                or self._primary_retry_timer is not None:
             return []
         n_issued = self._primary_issued_tokens
         if n_issued >= self.active.n_static:
@@ -596,11 +601,13 @@ class Reconciliation:
         ids = tuple(self.active.static_ids[n_issued:])
         self._primary_issued_tokens = self.active.n_static
         chunks = [c for c in self.active.chunks if c.seq >= self._first_unissued_seq(n_issued)]
+        assert sum(c.n_tokens for c in chunks) == len(ids), "the primary stops at chunk bounds"
         op_id = next(self._op_ids)
         slot.ops.add(op_id)
         self._eager_ops[op_id] = (slot.name, self.active.version)
         return [Extend(op_id=op_id, resource=slot.name, version=self.active.version, ids=ids,
-                       first_seq=chunks[0].seq, last_seq=chunks[-1].seq, purpose="eager")]
+                       first_seq=chunks[0].seq, last_seq=chunks[-1].seq, purpose="eager",
+                       text=_text_of(self.active, chunks))]
 
     def _first_unissued_seq(self, n_issued: int) -> Seq:
         n = len(self.active.prefix_ids)
@@ -613,6 +620,13 @@ class Reconciliation:
     def _evicted_estimate(self) -> int:
         n_drop = self.policy(self.active.chunk_tokens)
         return self.active.n_static - sum(self.active.chunk_tokens[:n_drop])
+
+
+def _text_of(state: CsrState, chunks: Sequence[Chunk] | None = None) -> str | None:
+    """Text mode: the static run (or just `chunks`) as the string a server tokenizes."""
+    if state.mode != "text":
+        return None
+    return state.static_text if chunks is None else "".join(c.text for c in chunks)
 
 
 class _Rate:
