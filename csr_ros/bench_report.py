@@ -8,7 +8,8 @@ Row schema (one dict per row, JSON-ready):
     method "capsule":            resource, n, method, repeats, snapshot_*_s, restore_*_s
                                  (attached: pointer move), restore_copy_*_s (K/V copied in),
                                  capsule_kv_bytes
-    method "prefill":            resource, n, method, seconds (the cold prefill of the static part)
+    method "prefill":            resource, n, method, seconds, tokens_per_s (the cold prefill of
+                                 the static part), decode_tokens_per_s (greedy decode on it)
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ def capsule_row(resource: str, n: int, snapshot_s: Sequence[float], restore_s: S
             **spread(restore_copy_s, "restore_copy"), "capsule_kv_bytes": int(kv_bytes)}
 
 
-def prefill_row(resource: str, n: int, seconds: float) -> dict:
-    return {"resource": resource, "n": n, "method": "prefill", "seconds": seconds}
+def prefill_row(resource: str, n: int, seconds: float,
+                decode_tokens_per_s: float | None = None) -> dict:
+    return {"resource": resource, "n": n, "method": "prefill", "seconds": seconds,
+            "tokens_per_s": n / seconds if seconds > 0 else None,
+            "decode_tokens_per_s": decode_tokens_per_s}
 
 
 def summarize(rows: Iterable[dict]) -> dict:
@@ -89,19 +93,22 @@ def format_table(rows: Sequence[dict], summary: dict) -> str:
     lines = []
     ttft = {(r["resource"], r["n"], r["m"], r["method"]): r for r in rows
             if r["method"] in ("csr", "unordered")}
-    prefill = {(r["resource"], r["n"]): r["seconds"] for r in rows if r["method"] == "prefill"}
+    prefill = {(r["resource"], r["n"]): r for r in rows if r["method"] == "prefill"}
     keys = sorted({(res, n, m) for res, n, m, _ in ttft})
     if keys:
         lines.append(f"{'resource':<10} {'N':>6} {'M':>5}  {'CSR TTFT s (min-max)':<26}"
-                     f"{'unordered TTFT s (min-max)':<28}{'speed-up':>9}  {'cold prefill N s':>16}")
+                     f"{'unordered TTFT s (min-max)':<28}{'speed-up':>9}  {'cold prefill N s':>16}"
+                     f"{'decode tok/s':>14}")
         for res, n, m in keys:
             csr, unordered = ttft.get((res, n, m, "csr")), ttft.get((res, n, m, "unordered"))
             ratio = (f"{unordered['ttft_median_s'] / csr['ttft_median_s']:.1f}x"
                      if csr and unordered and csr["ttft_median_s"] > 0 else "-")
-            cold = prefill.get((res, n))
+            cold = prefill.get((res, n)) or {}
+            seconds, decode = cold.get("seconds"), cold.get("decode_tokens_per_s")
             lines.append(f"{res:<10} {n:>6} {m:>5}  {_cell(csr, 'ttft'):<26}"
                          f"{_cell(unordered, 'ttft'):<28}{ratio:>9}  "
-                         f"{'-' if cold is None else f'{cold:.3f}':>16}")
+                         f"{'-' if seconds is None else f'{seconds:.3f}':>16}"
+                         f"{'-' if decode is None else f'{decode:.1f}':>14}")
     capsules = sorted((r for r in rows if r["method"] == "capsule"),
                       key=lambda r: (r["resource"], r["n"]))
     if capsules:

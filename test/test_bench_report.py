@@ -35,6 +35,7 @@ def test_the_summary_relates_unordered_to_csr_and_resources_to_each_other():
     assert growth["restore_growth"] == pytest.approx(1.5)
     table = format_table(rows, summary)
     assert "20.0x" in table and "3.500" in table and "1.50x the time at N=512" in table
+    assert rows[-1]["tokens_per_s"] == pytest.approx(1024 / 3.5)
 
 
 def test_a_short_bench_run_writes_the_documented_json(tmp_path, capsys):
@@ -58,6 +59,8 @@ def test_a_short_bench_run_writes_the_documented_json(tmp_path, capsys):
         assert row["snapshot_median_s"] > 0 and row["restore_median_s"] > 0
         assert row["capsule_kv_bytes"] > 0
     assert len(report["summary"]["speedups"]) == 2
+    assert [r["n"] for r in by_method["prefill"]] == [48, 96]
+    assert all(r["tokens_per_s"] > 0 and "decode_tokens_per_s" in r for r in by_method["prefill"])
     assert report["meta"]["n"] == [48, 96] and report["meta"]["torch"]
     printed = capsys.readouterr().out
     assert "CSR TTFT" in printed and "restore ms" in printed

@@ -33,6 +33,7 @@ TASK = "Pick the next action from the menu and answer with its number only."
 MENU = ("Actions: 1 go_to(room) 2 pick(object) 3 place(object, room) 4 say(text) "
         "5 look_around 6 wait(seconds) 7 follow(person) 8 stop.")
 CAPSULE_MIN_REPEATS = 15
+DECODE_TOKENS = 16
 ROOMS = ("kitchen", "hallway", "office", "bedroom", "garage")
 OBJECTS = ("red_mug", "apple", "keys", "book", "phone", "towel")
 
@@ -116,8 +117,10 @@ def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int],
     for n in ns:
         static, static_text = prompts.static(n)
         loaded = resource.load(static, static_text)
-        rows.append(prefill_row(name, n, loaded.seconds))
         _progress(f"[{name}] N={n}: cold prefill {loaded.seconds:.3f} s")
+        rows.append(prefill_row(name, n, loaded.seconds,
+                                _decode_rate(resource, prompts.request(static, static_text,
+                                                                       *fresh_dynamic(min(ms))))))
         for m in ms:
             samples = []
             for _ in range(repeats):
@@ -146,6 +149,14 @@ def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int],
             _progress(f"[{name}] N={n} M={m}: unordered TTFT median "
                       f"{rows[-1]['ttft_median_s']:.3f} s")
     return rows
+
+
+def _decode_rate(resource, request: Request, n_tokens: int = DECODE_TOKENS) -> float | None:
+    """Greedy decode speed on the cached state, tokens/s after the first token."""
+    result = resource.query(request, max_new_tokens=n_tokens)
+    if len(result.token_ids) < 2 or result.decode_s <= 0:
+        return None
+    return (len(result.token_ids) - 1) / result.decode_s
 
 
 def _capsule_timings(name: str, engine, n: int, repeats: int) -> dict:
