@@ -177,3 +177,17 @@ def test_unknown_layer_types_are_refused_with_a_clear_error():
 
     with pytest.raises(ConfigError, match="not supported by the local engine"):
         BufferCache(Config(), max_len=8, dtype=torch.float32, device=torch.device("cpu"))
+
+
+def test_kv_buffers_are_written_in_place_and_never_reallocated(tiny_hybrid):
+    def addresses():
+        return [(layer.keys.data_ptr(), layer.values.data_ptr())
+                for _, layer in tiny_hybrid.cache.attention_layers()]
+
+    before = addresses()
+    tiny_hybrid.extend(list(range(1, 200)))
+    capsule = tiny_hybrid.snapshot().materialize()
+    tiny_hybrid.query([3, 4, 5], max_new_tokens=5)
+    tiny_hybrid.restore(capsule)
+    assert addresses() == before
+    assert tiny_hybrid.cache.max_len == 512 and tiny_hybrid.n_committed == 199
