@@ -7,6 +7,7 @@ import json
 import pytest
 
 from csr_ros.bench_report import capsule_row, format_table, prefill_row, spread, summarize, ttft_row
+from llama_server import llama_server  # noqa: F401  (fixture)
 
 
 def test_a_spread_reports_median_extremes_and_quartiles():
@@ -70,3 +71,18 @@ def test_the_bench_refuses_an_openai_run_without_a_url():
     from csr_ros.cli import main
 
     assert main(["bench", "--resource", "openai"]) == 2
+
+
+@pytest.mark.server
+def test_the_bench_runs_local_and_openai_side_by_side(llama_server, tmp_path):
+    pytest.importorskip("torch")
+    from csr_ros.cli import main
+
+    out = tmp_path / "both.json"
+    assert main(["bench", "--resource", "local,openai", "--url", llama_server.url, "--n", "64",
+                 "--m", "8", "--repeats", "1", "--no-unordered", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert {r["resource"] for r in report["rows"] if r["method"] == "csr"} == {"local", "openai"}
+    (between,) = report["summary"]["between_resources"]
+    assert (between["numerator"], between["denominator"]) == ("openai", "local")
+    assert between["ratio"] > 0

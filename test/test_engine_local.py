@@ -191,3 +191,26 @@ def test_kv_buffers_are_written_in_place_and_never_reallocated(tiny_hybrid):
     tiny_hybrid.restore(capsule)
     assert addresses() == before
     assert tiny_hybrid.cache.max_len == 512 and tiny_hybrid.n_committed == 199
+
+
+@pytest.mark.gpu
+def test_the_engine_restores_byte_exact_on_cuda(tiny_hybrid_model):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import copy
+
+    from csr_ros.engine import LocalEngine
+
+    # The engine moves a passed model to its device in place: give it its own copy.
+    engine = LocalEngine(copy.deepcopy(tiny_hybrid_model), device="cuda", dtype="float32",
+                         max_context_tokens=512)
+    engine.extend(list(range(1, 150)))
+    capsule = engine.snapshot()
+    taken = capsule.materialize()
+    live = engine.query([9, 8, 7], max_new_tokens=8)
+    engine.extend(list(range(150, 200)))
+    engine.restore(capsule)
+    again = engine.snapshot().materialize()
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(taken.kv, again.kv))
+    assert all(torch.equal(taken.linear_state[k], again.linear_state[k]) for k in taken.linear_state)
+    assert engine.query([9, 8, 7], max_new_tokens=8).token_ids == live.token_ids
