@@ -63,7 +63,8 @@ class LocalEngine:
                  prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
                  fingerprint: str | None = None, tokenizer=None, attention: str = "sdpa_gqa"):
         """`model`: 'smollm2', a local Hugging Face model directory, or a loaded
-        `PreTrainedModel` (then `fingerprint` defaults to a hash of its config and weights).
+        `PreTrainedModel` (then `fingerprint` defaults to a hash of its config and weights; the
+        model is moved to `device` and `dtype` in place).
 
         `attention`: "sdpa_gqa" (SDPA reading grouped K/V heads in place, the default) or "sdpa"
         (transformers' own, which copies K/V per query head when a mask is needed).
