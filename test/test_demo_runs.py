@@ -10,7 +10,7 @@ from csr_ros.cli import main
 
 pytestmark = pytest.mark.slow
 
-SHORT = ["--tau-mem", "600", "--chunk-rate-hz", "2", "--max-context-tokens", "1536",
+SHORT = ["--tau-mem", "600", "--chunk-rate-hz", "2", "--max-context-tokens", "4096",
          "--reserve-tokens", "96", "--no-progress"]
 
 

@@ -297,6 +297,10 @@ class Reconciler:
         self._dispatch(commands)
         if was_reconciling and not self.machine.reconciling and self.windows:
             self.windows[-1] = (self.windows[-1][0], now_s)
+        if self.machine.reconciling and self.machine.secondary is not None \
+                and self._urgent_locked():
+            # running background work must not miss the deadline: give it the CPU back now
+            _set_background(self.resources[self.machine.secondary], False)
         self._changed.notify_all()
 
     def _dispatch(self, commands) -> None:
@@ -358,10 +362,17 @@ class Reconciler:
                                     now_s=self.clock()))
 
     def _urgent(self) -> bool:
-        """The reconciliation may not finish before the context is full (negative headroom)."""
         with self._lock:
-            headroom_s = self.machine.viability().headroom_s
-        return headroom_s is not None and headroom_s < 0
+            return self._urgent_locked()
+
+    def _urgent_locked(self) -> bool:
+        """The reconciliation may not finish before the context is full: the headroom is
+        negative, or the active state is past halfway from tau_mem to the context limit."""
+        m, cfg = self.machine, self.config
+        headroom_s = m.viability().headroom_s
+        limit = cfg.max_context_tokens - cfg.reserve_tokens
+        halfway = cfg.tau_mem_tokens + (limit - cfg.tau_mem_tokens) // 2
+        return (headroom_s is not None and headroom_s < 0) or m.active.n_static >= halfway
 
     def _fire(self, timer_id: int) -> None:
         with self._lock:

@@ -403,9 +403,10 @@ def format_report(s: dict) -> str:
         f"  TTFT outside n={t['n_outside']:4d} mean {ms(t['mean_outside_s'])}  p50 "
         f"{ms(t['p50_outside_s'])}  p99 {ms(t['p99_outside_s'])}  max {ms(t['max_outside_s'])}",
     ]
-    if s.get("headroom_s") is not None:
-        lines.append(f"  viability headroom {s['headroom_s']:.1f} s at the end, "
-                     f"{s['headroom_min_s']:.1f} s at worst (paper eq. 54)")
+    if s.get("headroom_min_s") is not None:
+        end = "-" if s["headroom_s"] is None else f"{s['headroom_s']:.1f} s"
+        lines.append(f"  viability headroom {end} at the end, {s['headroom_min_s']:.1f} s at "
+                     "worst (paper eq. 54)")
     if "chunk_log_rebuilds_state" in s:
         lines.append(f"  chunk log rebuilds the same state: {s['chunk_log_rebuilds_state']}")
     return "\n".join(lines)
