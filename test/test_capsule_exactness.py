@@ -94,7 +94,6 @@ print(json.dumps({"n": engine.n_committed, "tokens": list(out.token_ids)}))
 """
 
 
-@pytest.mark.slow
 def test_a_restarted_process_resumes_from_a_saved_capsule_without_prefill(smollm2, robot_prompt,
                                                                           tmp_path):
     static, dynamic = robot_prompt
