@@ -198,3 +198,16 @@ def test_a_capsule_of_the_empty_state_restores_to_empty(tiny_hybrid, tmp_path):
     assert tiny_hybrid.n_committed == 0 and tiny_hybrid.cache.linear_state() == {}
     with pytest.raises(Exception, match="at least one prompt token"):
         tiny_hybrid.query([], max_new_tokens=1)
+
+
+def test_a_pickled_capsule_carries_its_kv_and_restores_elsewhere(tiny_hybrid, tiny_hybrid_model):
+    import pickle
+
+    tiny_hybrid.extend(HYBRID_PROMPT[:90])
+    capsule = tiny_hybrid.snapshot()
+    copy = pickle.loads(pickle.dumps(capsule))
+    assert copy.is_materialized and not capsule.is_materialized
+    assert_same_state(capsule.materialize(), copy)
+    other = LocalEngine(tiny_hybrid_model, max_context_tokens=512)
+    other.restore(copy)
+    assert other.committed_ids == tuple(HYBRID_PROMPT[:90])

@@ -89,6 +89,13 @@ class Capsule:
                        for _, layer in cache.attention_layers())
         return replace(self, kv=kv, _owner=None, _seq=0)
 
+    def __reduce__(self):
+        # A capsule leaving its process (pickle, a worker pipe) carries its own K/V: the buffers
+        # it may point into stay behind.
+        full = self.materialize()
+        return (Capsule, (full.fingerprint, full.n_tokens, full.token_ids, full.layer_types,
+                          full.dtype, full.linear_state, full.last_logits, full.kv))
+
     # -- disk -------------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> Path:
