@@ -103,6 +103,8 @@ class LocalEngine:
         self.model = net.to(device=self.device, dtype=self.dtype).eval()
         self.config = net.config
         limit = getattr(self.config, "max_position_embeddings", None)
+        if max_context_tokens is None and limit is None:
+            raise ConfigError("the model config has no max_position_embeddings: pass max_context_tokens")
         self.max_context_tokens = int(max_context_tokens or limit)
         if limit is not None and self.max_context_tokens > limit:
             msg = (f"max_context_tokens={self.max_context_tokens} exceeds the model's "
