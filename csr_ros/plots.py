@@ -20,6 +20,7 @@ def plot_run(summary: dict, path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     samples = summary["samples"]
     fig, (ax_time, ax_hist) = plt.subplots(1, 2, figsize=(14, 5),
@@ -41,6 +42,8 @@ def plot_run(summary: dict, path: str | Path) -> Path:
     ax_time.set_xlabel("time since start [s]")
     ax_time.set_ylabel("TTFT [ms]")
     ax_time.set_yscale("log")
+    ax_time.yaxis.set_major_formatter(ScalarFormatter())
+    ax_time.yaxis.set_minor_formatter(NullFormatter())
     ax_time.set_title(f"TTFT over time — {summary['mode']}, tau_mem {summary['tau_mem_tokens']} "
                       f"tokens, {summary['cycles']} cycles, {summary['swaps']} swaps, "
                       f"{summary['fallbacks']} fallbacks")
@@ -59,6 +62,8 @@ def plot_run(summary: dict, path: str | Path) -> Path:
                      label=["outside", "inside"])
         if hi > lo:
             ax_hist.set_xscale("log")
+            ax_hist.xaxis.set_major_formatter(ScalarFormatter())
+            ax_hist.xaxis.set_minor_formatter(NullFormatter())
         ttft = summary["ttft"]
         for key, style in (("p50_s", "--"), ("p99_s", ":")):
             if ttft.get(key) is not None:

@@ -295,3 +295,76 @@ def test_machine_rejects_a_chunk_out_of_order_and_changes_nothing():
 def test_machine_config_refuses_a_threshold_that_cannot_fit_the_context():
     with pytest.raises(ConfigError, match="exceed max_context_tokens"):
         ReconcileConfig(tau_mem_tokens=4000, max_context_tokens=4096, reserve_tokens=256)
+
+
+def _fill(machine: Reconciliation, text: str, until) -> list:
+    commands = []
+    while not until():
+        (chunk,) = machine.active.make_chunks(text, source="s", stamp_ns=0)
+        commands += machine.handle(ChunkArrived(chunk))
+    return commands
+
+
+def test_machine_falls_back_to_a_synchronous_eviction_when_the_warm_up_cannot_finish_in_time():
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=300, reserve_tokens=48,
+                             eager_extend=False)
+    machine = Reconciliation(new_state(), ["r1", "r2"], config)
+    (start,) = machine.start()
+    machine.handle(OpFinished(start.op_id, True))
+    sent = []
+    commands = []
+    while machine.counters.fallbacks == 0:       # the warm-up on r2 never finishes
+        (chunk,) = machine.active.make_chunks("camera sees the red mug at 1.25 m", source="c",
+                                              stamp_ns=0)
+        sent.append(chunk.seq)
+        commands += machine.handle(ChunkArrived(chunk))
+        assert machine.active.n_static + config.reserve_tokens <= config.max_context_tokens
+    reloads = [c for c in commands if isinstance(c, Load) and c.resource == "r1"]
+    assert [c.purpose for c in reloads] == ["fallback"], "evicted on the primary"
+    assert any(isinstance(c, Notice) and "fallback 1" in c.message for c in commands)
+    assert machine.phase is Phase.IDLE or machine.pending.version > reloads[0].version, \
+        "the abandoned reconciliation never comes back"
+    assert machine.evicted_seqs + [c.seq for c in machine.active.chunks] == sent
+
+
+def test_machine_fails_over_to_the_secondary_when_the_primary_fails_a_query():
+    config = ReconcileConfig(tau_mem_tokens=400, max_context_tokens=1000, reserve_tokens=48)
+    machine = Reconciliation(new_state(), ["r1", "r2"], config)
+    (start,) = machine.start()
+    machine.handle(OpFinished(start.op_id, True))
+    _fill(machine, "odometry x=1.00 y=2.00", lambda: machine.active.n_static > 120)
+    before = list(machine.active.static_ids)
+    (route,) = [c for c in machine.handle(QueryStarted(task="next?", max_new_tokens=4))
+                if isinstance(c, Route)]
+    assert route.resource == "r1"
+    commands = machine.handle(QueryFinished(route.request.query_id, ok=False))
+    (load,) = [c for c in commands if isinstance(c, Load)]
+    assert (load.resource, load.purpose) == ("r2", "failover")
+    assert list(load.ids) == before, "the secondary is warmed with the current state"
+    assert machine.primary == "r2" and machine.counters.failovers == 1
+    assert load.version > route.request.version
+    (route,) = [c for c in machine.handle(QueryStarted(task="next?", max_new_tokens=4))
+                if isinstance(c, Route)]
+    assert route.resource == "r2" and route.request.version == load.version
+
+
+def test_machine_retries_a_failed_warm_up_with_growing_backoff_while_the_primary_serves():
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=2000, reserve_tokens=48,
+                             retry_base_s=0.5)
+    machine = Reconciliation(new_state(), ["r1", "r2"], config)
+    (start,) = machine.start()
+    machine.handle(OpFinished(start.op_id, True))
+    commands = _fill(machine, "speech Bob: where are my keys", lambda: machine.reconciling)
+    delays = []
+    for _ in range(3):
+        (warm,) = [c for c in commands if isinstance(c, Load) and c.resource == "r2"]
+        commands = machine.handle(OpFinished(warm.op_id, False))
+        (timer,) = [c for c in commands if isinstance(c, StartTimer)]
+        delays.append(timer.delay_s)
+        (route,) = [c for c in machine.handle(QueryStarted(task="next?", max_new_tokens=4))
+                    if isinstance(c, Route)]
+        assert route.resource == "r1", "the primary keeps serving"
+        machine.handle(QueryFinished(route.request.query_id, ok=True))
+        commands = machine.handle(TimerFired(timer.timer_id))
+    assert delays == [0.5, 1.0, 2.0]
+    assert machine.counters.retries == 3 and machine.counters.fallbacks == 0

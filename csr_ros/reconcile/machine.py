@@ -568,7 +568,8 @@ class Reconciliation:
         self.evicted_seqs.extend(c.seq for c in self.active.chunks if c.seq < first_seq)
         assert new.version > self.active.version, "versions only increase"
         self.active = new
-        self.counters.cycles += reason != "failover"
+        if reason != "failover":
+            self.counters.cycles += 1
         self.slots[self.primary].holds = new.version
         cmds: list[Command] = [VersionChanged(version=new.version, first_seq=first_seq,
                                               next_seq=new.next_seq, reason=reason,

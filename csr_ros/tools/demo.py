@@ -85,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     res.add_argument("--max-context-tokens", type=int, default=d["max_context_tokens"])
     res.add_argument("--r1", help="openai: URL of the primary server")
     res.add_argument("--r2", help="openai: URL of the secondary server")
+    res.add_argument("--text-mode", action="store_true",
+                     help="openai: send prompts as text (servers that reject token ids, "
+                          "e.g. llama.cpp); the CSR state then keeps text-safe chunk bounds")
     res.add_argument("--warm-timeout-s", type=float, default=None,
                      help="kill and retry a warm-up or catch-up step that takes longer")
     out = parser.add_argument_group("output")
@@ -133,12 +136,13 @@ def run_demo(args: argparse.Namespace) -> dict:
     tokenizer = HFTokenizer(model_dir)
     layout = Layout.from_tokenizer(tokenizer)
     episode = Episode(args.seed, chunk_rate_hz=args.chunk_rate_hz, detail=args.detail)
-    state = CsrState(tokenizer=tokenizer, layout=layout, profile=episode.profile())
+    state = CsrState(tokenizer=tokenizer, layout=layout, profile=episode.profile(),
+                     mode="text" if args.text_mode else "token")
     config = ReconcileConfig(tau_mem_tokens=args.tau_mem,
                              max_context_tokens=args.max_context_tokens,
                              reserve_tokens=args.reserve_tokens, n_catchup_tokens=args.n_catchup,
                              mode=mode, warm_timeout_s=args.warm_timeout_s)
-    resources = _make_resources(args, 2 if mode == "asr" else 1)
+    resources = _make_resources(args, 2 if mode == "asr" else 1, model_dir)
     chunk_log = ChunkLog(args.chunk_log, fsync_interval_s=1.0) if args.chunk_log else None
     if chunk_log is not None and chunk_log.records:
         raise ConfigError(f"{args.chunk_log} already holds a run; give a new path")
@@ -172,7 +176,7 @@ def run_demo(args: argparse.Namespace) -> dict:
             chunk_log.close()
             rebuilt = rebuild_state(read_log(args.chunk_log),
                                     CsrState(tokenizer=tokenizer, layout=layout,
-                                             profile=episode.profile()))
+                                             profile=episode.profile(), mode=state.mode))
             summary["chunk_log_rebuilds_state"] = \
                 tuple(rebuilt.static_ids) == rec.accounting().static_ids
         rec.close()
@@ -184,7 +188,7 @@ def run_demo(args: argparse.Namespace) -> dict:
             resource.close()
 
 
-def _make_resources(args: argparse.Namespace, n: int) -> list:
+def _make_resources(args: argparse.Namespace, n: int, model_dir: Path) -> list:
     names = ["r1", "r2"][:n]
     if args.resource == "openai":
         from csr_ros.resources.factory import make_resource
@@ -192,7 +196,8 @@ def _make_resources(args: argparse.Namespace, n: int) -> list:
         urls = [args.r1, args.r2][:n]
         if any(u is None for u in urls):
             raise ConfigError("--resource openai needs --r1 URL" + (" and --r2 URL" if n > 1 else ""))
-        return [make_resource("openai", url=url, name=name,
+        return [make_resource("openai", url=url, name=name, model_dir=model_dir,
+                              prompt_mode="text" if args.text_mode else "auto",
                               max_context_tokens=args.max_context_tokens,
                               tau_mem_tokens=args.tau_mem)
                 for url, name in zip(urls, names)]
