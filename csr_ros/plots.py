@@ -42,8 +42,8 @@ def plot_run(summary: dict, path: str | Path) -> Path:
     ax_time.set_xlabel("time since start [s]")
     ax_time.set_ylabel("TTFT [ms]")
     ax_time.set_yscale("log")
-    ax_time.yaxis.set_major_formatter(ScalarFormatter())
-    ax_time.yaxis.set_minor_formatter(NullFormatter())
+    _log_ticks(ax_time.yaxis, [s["ttft_s"] * 1000 for s in samples], ScalarFormatter,
+               NullFormatter)
     ax_time.set_title(f"TTFT over time — {summary['mode']}, tau_mem {summary['tau_mem_tokens']} "
                       f"tokens, {summary['cycles']} cycles, {summary['swaps']} swaps, "
                       f"{summary['fallbacks']} fallbacks")
@@ -62,8 +62,7 @@ def plot_run(summary: dict, path: str | Path) -> Path:
                      label=["outside", "inside"])
         if hi > lo:
             ax_hist.set_xscale("log")
-            ax_hist.xaxis.set_major_formatter(ScalarFormatter())
-            ax_hist.xaxis.set_minor_formatter(NullFormatter())
+            _log_ticks(ax_hist.xaxis, everything, ScalarFormatter, NullFormatter)
         ttft = summary["ttft"]
         for key, style in (("p50_s", "--"), ("p99_s", ":")):
             if ttft.get(key) is not None:
@@ -78,3 +77,15 @@ def plot_run(summary: dict, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _log_ticks(axis, values_ms: list[float], scalar_formatter, null_formatter) -> None:
+    """Readable ticks (in ms) on a log axis that may span less than a decade."""
+    if not values_ms:
+        return
+    lo, hi = min(values_ms), max(values_ms)
+    steps = [m * 10 ** e for e in range(-1, 6) for m in (1, 2, 5)]
+    ticks = [v for v in steps if lo / 2 <= v <= hi * 2]
+    axis.set_ticks(ticks)
+    axis.set_major_formatter(scalar_formatter())
+    axis.set_minor_formatter(null_formatter())
