@@ -36,10 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     # Two passes: find the subcommand, then let its module add its own arguments.
-    known, _ = parser.parse_known_args(argv)
-    module = importlib.import_module(f"csr_ros.tools.{known._module}")
-    module.add_arguments(known._parser)
+    # (-h/--help waits for the second pass, so `csr-ros demo --help` lists demo's options.)
+    first = [a for a in argv if a not in ("-h", "--help")]
+    if any(a in SUBCOMMANDS for a in first):
+        known, _ = parser.parse_known_args(first)
+        module = importlib.import_module(f"csr_ros.tools.{known._module}")
+        module.add_arguments(known._parser)
     args = parser.parse_args(argv)
+    module = importlib.import_module(f"csr_ros.tools.{args._module}")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
