@@ -260,7 +260,6 @@ class Reconciliation:
         self._eager_ops: dict[int, tuple[str, Version]] = {}
         self._warm_failures = 0
         self._next_version = Version(state.version + 1)
-        self._window_started_s: float | None = None
         self._arrival: _Rate = _Rate(config.rate_halflife_s)
         self._warm_rate: float | None = None
         self._catchup_rate: float | None = None
@@ -453,7 +452,6 @@ class Reconciliation:
         self.pending = self._derive(n_drop)
         self.buffer = []
         self.phase = Phase.DRAIN
-        self._window_started_s = now_s
         return self._try_warm(now_s)
 
     def _try_warm(self, now_s: float) -> list[Command]:
@@ -495,7 +493,6 @@ class Reconciliation:
         self.pending, self.buffer = None, []
         self.phase = Phase.IDLE
         self._warm_op = None
-        self._window_started_s = None
         self.counters.swaps += 1
         self.primary, self.secondary = self.secondary, self.primary
         self._primary_issued_tokens = len(committed_ids)
@@ -552,7 +549,6 @@ class Reconciliation:
         self.pending, self.buffer = None, []
         self.phase = Phase.IDLE
         self._warm_op = self._retry_timer = None
-        self._window_started_s = None
 
     # -- versions ------------------------------------------------------------------------------
 

@@ -1,0 +1,92 @@
+"""The worker-process resource proxy on a real local engine: calls, errors, death, timeouts."""
+
+from __future__ import annotations
+
+import pytest
+
+from csr_ros.errors import (ResourceTimeoutError, ResourceUnavailableError, StateMismatchError)
+from csr_ros.layout import Layout
+from csr_ros.model_store import resolve_model_dir
+from csr_ros.resources.base import Resource
+from csr_ros.state import CsrState
+from csr_ros.tokenizer import HFTokenizer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def state():
+    tokenizer = HFTokenizer(resolve_model_dir(weights=False))
+    state = CsrState(tokenizer=tokenizer, layout=Layout.from_tokenizer(tokenizer),
+                     profile="You are a robot.")
+    for i in range(12):
+        state.add(f"t={i}s camera sees mug_{i} at ({i}.25, 0.50)", source="cam", stamp_ns=i)
+    return state
+
+
+@pytest.fixture(scope="module")
+def resource():
+    from csr_ros.resources.process import ProcessResource
+
+    resource = ProcessResource("local", name="w1", threads=1, max_context_tokens=1024)
+    yield resource
+    resource.close()
+
+
+def committed_length(resource) -> int:
+    return resource.apply(_n_committed_here)
+
+
+def _n_committed_here(resource) -> int:
+    return len(resource.committed_ids)
+
+
+def test_a_process_resource_implements_the_resource_interface(resource, state):
+    assert isinstance(resource, Resource)
+    assert resource.max_context_tokens == 1024
+    result = resource.load(state.static_ids)
+    assert result.n_committed == state.n_static == resource.n_committed
+    assert resource.committed_ids == tuple(state.static_ids)
+    answer = resource.query(state.build_request(task="Next action?"), max_new_tokens=2)
+    assert answer.resource == "w1" and answer.ttft_s > 0 and answer.n_extended == 0
+    assert committed_length(resource) == state.n_static, "apply runs next to the resource"
+
+
+def test_an_error_in_the_worker_arrives_as_the_same_exception(resource, state):
+    resource.load(state.static_ids[:10])
+    other = CsrState(tokenizer=state.tokenizer, layout=state.layout, profile="Another robot.")
+    with pytest.raises(StateMismatchError, match="do not start with the committed run"):
+        resource.query(other.build_request(task="Next?"), max_new_tokens=2)
+    assert resource.alive, "a refused call leaves the worker running"
+
+
+def test_a_dead_worker_raises_unavailable_and_load_starts_a_new_one(resource, state):
+    resource.load(state.static_ids)
+    old_pid = resource.pid
+    resource.kill()
+    with pytest.raises(ResourceUnavailableError, match="not running"):
+        resource.extend(state.static_ids[:4])
+    with pytest.raises(ResourceUnavailableError):
+        resource.query(state.build_request(task="Next?"), max_new_tokens=2)
+    result = resource.load(state.static_ids)
+    assert resource.pid != old_pid and resource.restarts >= 1
+    assert result.n_committed == state.n_static
+    assert resource.committed_ids == tuple(state.static_ids)
+
+
+def test_a_call_over_its_timeout_kills_the_worker_and_raises_timeout(resource, state):
+    with pytest.raises(ResourceTimeoutError, match="did not answer within"):
+        resource.load(state.static_ids * 3, timeout_s=0.01)
+    assert not resource.alive
+    resource.load(state.static_ids)                     # the retry recovers by itself
+    assert resource.n_committed == state.n_static
+
+
+def test_background_priority_can_be_set_and_restored(resource):
+    import os
+
+    resource.set_background(True)
+    assert os.getpriority(os.PRIO_PROCESS, resource.pid) == resource.background_nice
+    resource.set_background(False)
+    if os.geteuid() == 0:                               # raising priority needs the right to
+        assert os.getpriority(os.PRIO_PROCESS, resource.pid) == 0
