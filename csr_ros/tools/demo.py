@@ -84,10 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     res.add_argument("--threads", type=int, default=1, help="CPU threads per local engine")
     res.add_argument("--max-context-tokens", type=int, default=d["max_context_tokens"])
     res.add_argument("--r1", help="openai: URL of the primary server")
-    res.add_argument("--r2", help="openai: URL of the secondary server")
-    res.add_argument("--text-mode", action="store_true",
-                     help="openai: send prompts as text (servers that reject token ids, "
-                          "e.g. llama.cpp); the CSR state then keeps text-safe chunk bounds")
+    res.add_argument("--r2", help="openai: URL of the secondary server (the tokenizer and the "
+                                  "prompt mode, ids or text, come from the servers)")
     res.add_argument("--warm-timeout-s", type=float, default=None,
                      help="kill and retry a warm-up or catch-up step that takes longer")
     out = parser.add_argument_group("output")
@@ -132,29 +130,44 @@ def run_demo(args: argparse.Namespace) -> dict:
     mode = "asr" if args.baseline == "none" else args.baseline
     if args.cycles < 1 and args.duration_s is None:
         raise ConfigError("give --cycles >= 1 or --duration-s")
-    model_dir = resolve_model_dir(args.model, weights=False)
-    tokenizer = HFTokenizer(model_dir)
-    layout = Layout.from_tokenizer(tokenizer)
-    episode = Episode(args.seed, chunk_rate_hz=args.chunk_rate_hz, detail=args.detail)
-    state = CsrState(tokenizer=tokenizer, layout=layout, profile=episode.profile(),
-                     mode="text" if args.text_mode else "token")
+    if args.chunk_log is not None and args.chunk_log.exists() and args.chunk_log.stat().st_size:
+        raise ConfigError(f"{args.chunk_log} already holds a run; give a new path")
     config = ReconcileConfig(tau_mem_tokens=args.tau_mem,
                              max_context_tokens=args.max_context_tokens,
                              reserve_tokens=args.reserve_tokens, n_catchup_tokens=args.n_catchup,
                              mode=mode, warm_timeout_s=args.warm_timeout_s)
-    resources = _make_resources(args, 2 if mode == "asr" else 1, model_dir)
-    chunk_log = ChunkLog(args.chunk_log, fsync_interval_s=1.0) if args.chunk_log else None
-    if chunk_log is not None and chunk_log.records:
-        raise ConfigError(f"{args.chunk_log} already holds a run; give a new path")
-    r = _Run()
+    resources = _make_resources(args, 2 if mode == "asr" else 1)
     try:
-        rec = Reconciler(state, resources, config, chunk_log=chunk_log,
-                         policy=make_policy("oldest_fraction", fraction=args.eviction_fraction))
-        log.info("loading the prefix (%d tokens) on %s", state.n_static, resources[0].name)
+        return _run_episode(args, mode, config, resources)
+    finally:
+        for resource in resources:
+            resource.close()
+
+
+def _run_episode(args: argparse.Namespace, mode: str, config: ReconcileConfig,
+                 resources: list) -> dict:
+    if args.resource == "openai":   # the servers' tokenizer; ids or text, as they accept
+        tokenizer, state_mode = resources[0].tokenizer, resources[0].state_mode
+    else:
+        tokenizer, state_mode = HFTokenizer(resolve_model_dir(args.model, weights=False)), "token"
+    layout = Layout.from_tokenizer(tokenizer)
+    episode = Episode(args.seed, chunk_rate_hz=args.chunk_rate_hz, detail=args.detail)
+
+    def empty_state() -> CsrState:
+        return CsrState(tokenizer=tokenizer, layout=layout, profile=episode.profile(),
+                        mode=state_mode)
+
+    chunk_log = ChunkLog(args.chunk_log, fsync_interval_s=1.0) if args.chunk_log else None
+    rec = Reconciler(empty_state(), resources, config, chunk_log=chunk_log,
+                     policy=make_policy("oldest_fraction", fraction=args.eviction_fraction))
+    r = _Run()
+    threads: list[threading.Thread] = []
+    try:
+        log.info("loading the prefix on %s", resources[0].name)
         rec.start(timeout_s=600)
         started_s = time.monotonic()
-        threads = [threading.Thread(target=_produce, args=(rec, episode, r, started_s),
-                                    name="episode", daemon=True)]
+        threads.append(threading.Thread(target=_produce, args=(rec, episode, r, started_s),
+                                        name="episode", daemon=True))
         if args.inject_kill_warmup:
             threads.append(threading.Thread(target=_kill_during_warmup,
                                             args=(rec, args.inject_kill_warmup, r),
@@ -165,30 +178,25 @@ def run_demo(args: argparse.Namespace) -> dict:
         for thread in threads:
             thread.start()
         _decide(rec, episode, r, args, started_s)
+    finally:
         r.stop.set()
         for thread in threads:
             thread.join(10.0)
         if not args.no_progress:
             print(file=sys.stderr)
         rec.wait_idle(timeout_s=120)
-        summary = _summarize(rec, r, args, mode, started_s, resources)
-        if chunk_log is not None:
-            chunk_log.close()
-            rebuilt = rebuild_state(read_log(args.chunk_log),
-                                    CsrState(tokenizer=tokenizer, layout=layout,
-                                             profile=episode.profile(), mode=state.mode))
-            summary["chunk_log_rebuilds_state"] = \
-                tuple(rebuilt.static_ids) == rec.accounting().static_ids
         rec.close()
-        return summary
-    finally:
         if chunk_log is not None:
             chunk_log.close()
-        for resource in resources:
-            resource.close()
+    summary = _summarize(rec, r, args, mode, started_s, resources)
+    if chunk_log is not None:
+        rebuilt = rebuild_state(read_log(args.chunk_log), empty_state())
+        summary["chunk_log_rebuilds_state"] = \
+            tuple(rebuilt.static_ids) == rec.accounting().static_ids
+    return summary
 
 
-def _make_resources(args: argparse.Namespace, n: int, model_dir: Path) -> list:
+def _make_resources(args: argparse.Namespace, n: int) -> list:
     names = ["r1", "r2"][:n]
     if args.resource == "openai":
         from csr_ros.resources.factory import make_resource
@@ -196,8 +204,7 @@ def _make_resources(args: argparse.Namespace, n: int, model_dir: Path) -> list:
         urls = [args.r1, args.r2][:n]
         if any(u is None for u in urls):
             raise ConfigError("--resource openai needs --r1 URL" + (" and --r2 URL" if n > 1 else ""))
-        return [make_resource("openai", url=url, name=name, model_dir=model_dir,
-                              prompt_mode="text" if args.text_mode else "auto",
+        return [make_resource("openai", url=url, name=name,
                               max_context_tokens=args.max_context_tokens,
                               tau_mem_tokens=args.tau_mem)
                 for url, name in zip(urls, names)]
