@@ -78,7 +78,8 @@ def summarize(rows: Iterable[dict]) -> dict:
                                     "denominator": first, "ratio": theirs / s})
     growth = []
     for resource in resources:
-        capsules = sorted((r for r in rows if r["method"] == "capsule" and r["resource"] == resource),
+        capsules = sorted((r for r in rows
+                           if r["method"] == "capsule" and r["resource"] == resource),
                           key=lambda r: r["n"])
         if len(capsules) >= 2 and capsules[0]["restore_median_s"] > 0:
             growth.append({"resource": resource, "n_from": capsules[0]["n"],

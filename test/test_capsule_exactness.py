@@ -29,7 +29,8 @@ def assert_same_state(a: Capsule, b: Capsule) -> None:
         assert torch.equal(ka, kb) and torch.equal(va, vb)
 
 
-def test_restoring_a_capsule_is_byte_exact_and_decodes_identically_on_smollm2(smollm2, robot_prompt):
+def test_restoring_a_capsule_is_byte_exact_and_decodes_identically_on_smollm2(smollm2,
+                                                                              robot_prompt):
     static, dynamic = robot_prompt
     smollm2.extend(static)
     capsule = smollm2.snapshot()
@@ -112,7 +113,7 @@ def test_a_capsule_of_another_model_is_refused(smollm2, tiny_hybrid, tmp_path):
     with pytest.raises(CapsuleMismatchError, match="made by model .* but this engine runs model"):
         tiny_hybrid.restore(capsule)
     path = capsule.save(tmp_path / "smollm2.capsule")
-    with pytest.raises(CapsuleMismatchError, match="only restores into an engine of the same model"):
+    with pytest.raises(CapsuleMismatchError, match="only restores into an engine of the same"):
         tiny_hybrid.load_capsule(path)
     assert tiny_hybrid.n_committed == 0
 
@@ -166,7 +167,8 @@ def test_a_fork_is_independent_and_shares_the_weights(tiny_hybrid):
     child.reset()
     child.extend([1, 2, 3])
     assert tiny_hybrid.n_committed == 150
-    assert tiny_hybrid.query(HYBRID_PROMPT[150:170], max_new_tokens=8).token_ids == parent_answer.token_ids
+    again = tiny_hybrid.query(HYBRID_PROMPT[150:170], max_new_tokens=8)
+    assert again.token_ids == parent_answer.token_ids
 
 
 def test_a_capsule_of_a_fork_restores_into_its_parent(tiny_hybrid):

@@ -212,5 +212,6 @@ def test_the_engine_restores_byte_exact_on_cuda(tiny_hybrid_model):
     engine.restore(capsule)
     again = engine.snapshot().materialize()
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(taken.kv, again.kv))
-    assert all(torch.equal(taken.linear_state[k], again.linear_state[k]) for k in taken.linear_state)
+    assert all(torch.equal(taken.linear_state[k], again.linear_state[k])
+               for k in taken.linear_state)
     assert engine.query([9, 8, 7], max_new_tokens=8).token_ids == live.token_ids

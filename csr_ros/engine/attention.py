@@ -31,7 +31,7 @@ def sdpa_gqa_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     causal = causal and attention_mask is None
     # Without a mask the cache was empty, so SDPA's top-left causal alignment is the right one.
-    assert not causal or key.shape[2] == q_length, "unmasked causal attention over a non-empty cache"
+    assert not causal or key.shape[2] == q_length, "unmasked causal attention on a non-empty cache"
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
         is_causal=causal, enable_gqa=True)

@@ -115,7 +115,8 @@ class BufferCache(Cache):
             raise ConfigError(msg)
         self.cursor = _Cursor()
         n_kv = config.num_key_value_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head_dim = (getattr(config, "head_dim", None)
+                    or config.hidden_size // config.num_attention_heads)
         layers: list = []
         for kind in layer_types:
             if kind == "full_attention":
@@ -159,7 +160,7 @@ class BufferCache(Cache):
     def truncate(self, length: int) -> None:
         """Move the attention length pointer back (O(1)). Linear-attention state is NOT touched:
         on hybrid models restore a capsule instead."""
-        assert 0 <= length <= self.cursor.length, f"cannot truncate {self.cursor.length} to {length}"
+        assert 0 <= length <= self.cursor.length, f"cannot cut {self.cursor.length} to {length}"
         self.cursor.length = length
 
     def reset(self) -> None:
@@ -171,7 +172,8 @@ class BufferCache(Cache):
     # -- layers -----------------------------------------------------------------------------
 
     def attention_layers(self) -> list[tuple[int, KVBufferLayer]]:
-        return [(i, layer) for i, layer in enumerate(self.layers) if isinstance(layer, KVBufferLayer)]
+        return [(i, layer) for i, layer in enumerate(self.layers)
+                if isinstance(layer, KVBufferLayer)]
 
     def linear_layers(self) -> list[LinearAttentionLayer]:
         return [layer for layer in self.layers if isinstance(layer, LinearAttentionLayer)]
@@ -216,7 +218,7 @@ class BufferCache(Cache):
 
 
 def _put(slots: dict, initialized: dict, s: int, value: torch.Tensor, device) -> None:
-    # Copy in place where the tensor exists, keeping its address stable (transformers marks it static).
+    # Copy in place where the tensor exists: its address stays stable (marked static upstream).
     if initialized[s] and slots[s] is not None and slots[s].shape == value.shape:
         slots[s].copy_(value)
     else:

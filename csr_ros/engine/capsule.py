@@ -138,7 +138,8 @@ class Capsule:
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
             raise CapsuleError(f"{path} is not a readable capsule file: {exc}") from None
         if metadata.get("format") != FORMAT:
-            msg = f"{path} is not a csr_ros capsule (format {metadata.get('format')!r}, expected {FORMAT!r})"
+            msg = (f"{path} is not a csr_ros capsule (format {metadata.get('format')!r}, "
+                   f"expected {FORMAT!r})")
             raise CapsuleError(msg)
         fingerprint = metadata["fingerprint"]
         if expect_fingerprint is not None and fingerprint != expect_fingerprint:
@@ -148,9 +149,10 @@ class Capsule:
         n_tokens = int(metadata["n_tokens"])
         kv = tuple((tensors[f"kv.{i}.k"], tensors[f"kv.{i}.v"])
                    for i, kind in enumerate(layer_types) if kind == "full_attention")
-        linear = {name: t for name, t in tensors.items() if name.startswith(("conv.", "recurrent."))}
+        linear = {name: t for name, t in tensors.items()
+                  if name.startswith(("conv.", "recurrent."))}
         token_ids = tuple(tensors["token_ids"].tolist())
-        assert len(token_ids) == n_tokens, f"{path}: {len(token_ids)} token ids for {n_tokens} tokens"
+        assert len(token_ids) == n_tokens, f"{path}: {len(token_ids)} ids for {n_tokens} tokens"
         return cls(fingerprint=fingerprint, n_tokens=n_tokens, token_ids=token_ids,
                    layer_types=layer_types, dtype=metadata["dtype"], linear_state=linear,
                    last_logits=tensors.get("logits"), kv=kv)

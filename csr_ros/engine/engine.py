@@ -3,7 +3,8 @@
 The hot path, top to bottom:
 
     query → [commit: _forward(static tail)] → _forward(dynamic) → _sample → TTFT
-          → loop: _forward(one token) → _sample → stop? → roll back to the committed boundary
+          → loop: _forward(one token) → _sample → stop?
+          → roll back to the committed boundary
 
 Every forward takes explicit positions and writes K/V into preallocated buffers (`BufferCache`),
 so the work of a query grows with its own tokens (plus attention over the cached prefix), never
@@ -48,7 +49,7 @@ class ExtendResult:
 class Generation:
     text: str                  # decoded text, cut before a stop string; no trailing EOS
     token_ids: tuple[int, ...]  # every sampled token, including a final EOS
-    ttft_s: float              # call start → first sampled token (includes committing `commit_ids`)
+    ttft_s: float              # call start → first sampled token (includes `commit_ids`)
     decode_s: float            # first sampled token → last sampled token
     n_committed: int           # tokens committed by this call (`commit_ids`)
     n_dynamic: int             # dynamic tokens prefilled and then dropped
@@ -98,13 +99,15 @@ class LocalEngine:
             self.dtype = _resolve_dtype(dtype, self.device) if dtype is not None else net.dtype
             self.tokenizer = tokenizer
             self.fingerprint = fingerprint or _module_fingerprint(net)
-        net.set_attn_implementation(attention_sdpa_gqa.register() if attention == "sdpa_gqa" else "sdpa")
+        kind = attention_sdpa_gqa.register() if attention == "sdpa_gqa" else "sdpa"
+        net.set_attn_implementation(kind)
         self.attention = attention
         self.model = net.to(device=self.device, dtype=self.dtype).eval()
         self.config = net.config
         limit = getattr(self.config, "max_position_embeddings", None)
         if max_context_tokens is None and limit is None:
-            raise ConfigError("the model config has no max_position_embeddings: pass max_context_tokens")
+            msg = "the model config has no max_position_embeddings: pass max_context_tokens"
+            raise ConfigError(msg)
         self.max_context_tokens = int(max_context_tokens or limit)
         if limit is not None and self.max_context_tokens > limit:
             msg = (f"max_context_tokens={self.max_context_tokens} exceeds the model's "
@@ -289,7 +292,8 @@ class LocalEngine:
                     kv = capsule.kv
                 else:
                     capsule.check_fresh()
-                    kv = [(layer.keys[:, :, :capsule.n_tokens], layer.values[:, :, :capsule.n_tokens])
+                    n = capsule.n_tokens
+                    kv = [(layer.keys[:, :, :n], layer.values[:, :, :n])
                           for _, layer in capsule.owner().attention_layers()]
                 cache.cursor.length = 0
                 cache.begin_write(capsule.n_tokens)
@@ -309,7 +313,8 @@ class LocalEngine:
     def fork(self) -> "LocalEngine":
         """An independent engine sharing this one's weights, with a copy of its committed state."""
         child = object.__new__(LocalEngine)
-        child.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("cache", "_ids")})
+        child.__dict__.update({k: v for k, v in self.__dict__.items()
+                               if k not in ("cache", "_ids")})
         with torch.inference_mode():
             child.cache = BufferCache(self.config, max_len=self.max_context_tokens,
                                       dtype=self.dtype, device=self.device)

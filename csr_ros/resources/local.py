@@ -20,8 +20,8 @@ from csr_ros.state import Request
 
 class LocalResource:
     def __init__(self, model: str = "smollm2", *, name: str = "local", threads: int | None = None,
-                 device: str = "cpu", max_context_tokens: int | None = None, dtype: str | None = None,
-                 prefill_chunk_tokens: int = 512):
+                 device: str = "cpu", max_context_tokens: int | None = None,
+                 dtype: str | None = None, prefill_chunk_tokens: int = 512):
         self.name = name
         self.engine = LocalEngine(model, device=device, dtype=dtype, threads=threads,
                                   max_context_tokens=max_context_tokens,
@@ -76,9 +76,11 @@ class LocalResource:
 
 def _mismatch_message(static: tuple[int, ...], committed: tuple[int, ...], name: str) -> str:
     if len(static) < len(committed):
-        where = f"the request has {len(static)} static tokens, fewer than the {len(committed)} committed"
+        where = (f"the request has {len(static)} static tokens, fewer than the "
+                 f"{len(committed)} committed")
     else:
         i = next(i for i, (a, b) in enumerate(zip(static, committed)) if a != b)
-        where = f"first difference at token {i} ({static[i]} in the request, {committed[i]} committed)"
+        where = (f"first difference at token {i} ({static[i]} in the request, "
+                 f"{committed[i]} committed)")
     return (f"resource {name!r}: the request's static tokens do not start with the committed run: "
             f"{where}; load() the request's state first (a version swap or eviction was missed?)")

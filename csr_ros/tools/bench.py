@@ -45,12 +45,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="'smollm2' or a local model directory (weights for local, "
                              "tokenizer for every resource)")
-    parser.add_argument("--n", default="512,1024", help="static lengths N in tokens, comma-separated")
+    parser.add_argument("--n", default="512,1024",
+                        help="static lengths N in tokens, comma-separated")
     parser.add_argument("--m", default="32", help="dynamic lengths M in tokens, comma-separated")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per cell (median reported)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads of the local engine")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed repeats per cell (median reported)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of the local engine")
     parser.add_argument("--device", default="cpu", help="local engine device: cpu, cuda, cuda:1")
-    parser.add_argument("--dtype", default=None, help="local engine dtype: float32, bfloat16, float16")
+    parser.add_argument("--dtype", default=None,
+                        help="local engine dtype: float32, bfloat16, float16")
     parser.add_argument("--max-new-tokens", type=int, default=1,
                         help="tokens decoded per query (TTFT needs only the first)")
     parser.add_argument("--no-unordered", action="store_true", help="skip the unordered baseline")
@@ -142,8 +146,8 @@ def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int],
             for _ in range(repeats):
                 dynamic, dynamic_text = fresh_dynamic(m)
                 resource.load((), "")        # nothing committed: the whole prompt is new
-                result = resource.query(prompts.unordered(dynamic, dynamic_text, static, static_text),
-                                        max_new_tokens=max_new_tokens)
+                request = prompts.unordered(dynamic, dynamic_text, static, static_text)
+                result = resource.query(request, max_new_tokens=max_new_tokens)
                 samples.append(result.ttft_s)
             rows.append(ttft_row(name, n, m, "unordered", samples))
             _progress(f"[{name}] N={n} M={m}: unordered TTFT median "
@@ -179,7 +183,7 @@ def _capsule_timings(name: str, engine, n: int, repeats: int) -> dict:
         t0 = time.perf_counter()
         engine.restore(kept)
         copy_s.append(time.perf_counter() - t0)
-    assert engine.n_committed == n, f"capsule restore left {engine.n_committed} tokens, expected {n}"
+    assert engine.n_committed == n, f"restore left {engine.n_committed} tokens, expected {n}"
     kv_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in kept.kv)
     return capsule_row(name, n, snapshot_s, restore_s, copy_s, kv_bytes)
 
@@ -209,8 +213,8 @@ class PromptMaker:
                                        f"0.{70 + i % 23}", "room": room}
                 label = "camera"
             elif kind == 2:
-                plain = {"ranges_min_m": 0.3 + 0.07 * (i % 20), "ranges_mean_m": 2.1 + 0.05 * (i % 9),
-                         "n": 720}
+                plain = {"ranges_min_m": 0.3 + 0.07 * (i % 20),
+                         "ranges_mean_m": 2.1 + 0.05 * (i % 9), "n": 720}
                 label = "lidar"
             else:
                 plain = {"action": f"go_to({room})", "status": "succeeded" if i % 3 else "running",
