@@ -75,3 +75,20 @@ def robot_prompt(smollm2_engine):
     request = state.build_request(task="An obstacle is ahead. What do you do next?",
                                   suffix="now: t=6.0s")
     return request.static_ids, request.dynamic_ids
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The real SmolLM2 tokenizer (no weights needed)."""
+    from csr_ros.model_store import resolve_model_dir
+    from csr_ros.tokenizer import HFTokenizer
+
+    return HFTokenizer(resolve_model_dir(weights=False))
+
+
+@pytest.fixture(scope="session")
+def layout(tokenizer):
+    """SmolLM2's chat template split once into its fixed head, mid and tail runs."""
+    from csr_ros.layout import Layout
+
+    return Layout.from_tokenizer(tokenizer)

@@ -8,16 +8,9 @@ from csr_ros.chunks import ChunkPolicy
 from csr_ros.errors import (ChunkOrderError, ChunkTooLargeError, ConfigError, EmptyChunkError,
                             NonUtf8ChunkError, SpecialTokenInChunkError)
 from csr_ros.layout import Layout
-from csr_ros.model_store import resolve_model_dir
 from csr_ros.state import Chunk, CsrState, Seq
-from csr_ros.tokenizer import HFTokenizer
 
 LONG_TEXT = " ".join(f"obstacle{i} at bearing {i % 360} deg range {i * 0.37:.2f} m" for i in range(200))
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> HFTokenizer:
-    return HFTokenizer(resolve_model_dir(weights=False))
 
 
 def make_state(tokenizer, mode="token", **policy) -> CsrState:

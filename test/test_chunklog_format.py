@@ -9,22 +9,9 @@ import pytest
 from csr_ros.chunklog import (MAGIC, ChunkLog, ChunkRecord, VersionRecord, read_log,
                               rebuild_state)
 from csr_ros.errors import ChunkLogError
-from csr_ros.layout import Layout
-from csr_ros.model_store import resolve_model_dir
 from csr_ros.state import CsrState
-from csr_ros.tokenizer import HFTokenizer
 
 PROFILE = "You are a robot."
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return HFTokenizer(resolve_model_dir(weights=False))
-
-
-@pytest.fixture(scope="module")
-def layout(tokenizer):
-    return Layout.from_tokenizer(tokenizer)
 
 
 def new_state(tokenizer, layout) -> CsrState:

@@ -6,26 +6,13 @@ from __future__ import annotations
 import pytest
 
 from csr_ros.chunklog import ChunkLog, read_log, rebuild_state, resume, save_capsule
-from csr_ros.layout import Layout
-from csr_ros.model_store import resolve_model_dir
 from csr_ros.reconcile.driver import Reconciler
 from csr_ros.reconcile.machine import ReconcileConfig
 from csr_ros.state import CsrState
-from csr_ros.tokenizer import HFTokenizer
 
 pytestmark = pytest.mark.slow
 
 PROFILE = "You are a home robot. Answer with one action."
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return HFTokenizer(resolve_model_dir(weights=False))
-
-
-@pytest.fixture(scope="module")
-def layout(tokenizer):
-    return Layout.from_tokenizer(tokenizer)
 
 
 def observation(i: int) -> str:

@@ -18,7 +18,6 @@ import pytest
 
 from csr_ros.errors import ResourceUnavailableError
 from csr_ros.layout import Layout
-from csr_ros.model_store import resolve_model_dir
 from csr_ros.resources.openai import OpenAIResource
 from csr_ros.state import CsrState
 from csr_ros.tokenizer import HFTokenizer
@@ -71,11 +70,6 @@ class VllmLikeServer:
         lines = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
         return httpx.Response(200, content=lines.encode(),
                               headers={"content-type": "text/event-stream"})
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> HFTokenizer:
-    return HFTokenizer(resolve_model_dir(weights=False))
 
 
 def make(server: VllmLikeServer, **options) -> OpenAIResource:

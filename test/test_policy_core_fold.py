@@ -7,23 +7,10 @@ import pytest
 from csr_ros.chunklog import ChunkRecord, VersionRecord, rebuild_state
 from csr_ros.chunks import ChunkPolicy
 from csr_ros.errors import ConfigError
-from csr_ros.layout import Layout
-from csr_ros.model_store import resolve_model_dir
 from csr_ros.policy_core import ChunkEvent, FetchRequest, Lost, SeqOrderer, StateFold, SwapEvent
 from csr_ros.state import CsrState
-from csr_ros.tokenizer import HFTokenizer
 
 PROFILE = "You are the policy of a test robot."
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return HFTokenizer(resolve_model_dir(weights=False))
-
-
-@pytest.fixture(scope="module")
-def layout(tokenizer):
-    return Layout.from_tokenizer(tokenizer)
 
 
 def new_state(tokenizer, layout, **kw):

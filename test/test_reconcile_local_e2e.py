@@ -5,27 +5,14 @@ from __future__ import annotations
 import pytest
 
 from csr_ros.chunklog import ChunkLog, read_log, rebuild_state
-from csr_ros.layout import Layout
-from csr_ros.model_store import resolve_model_dir
 from csr_ros.reconcile.driver import Reconciler
 from csr_ros.reconcile.machine import Phase, ReconcileConfig
 from csr_ros.state import CsrState
-from csr_ros.tokenizer import HFTokenizer
 
 pytestmark = pytest.mark.slow
 
 PROFILE = "You are a home robot. Answer with one action: wait, look, go(room), pick(object)."
 TASK = "Which action next? Answer with one action."
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return HFTokenizer(resolve_model_dir(weights=False))
-
-
-@pytest.fixture(scope="module")
-def layout(tokenizer):
-    return Layout.from_tokenizer(tokenizer)
 
 
 @pytest.fixture(scope="module")

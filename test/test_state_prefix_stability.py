@@ -7,22 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from csr_ros.errors import ChunkError
-from csr_ros.layout import Layout
-from csr_ros.model_store import resolve_model_dir
 from csr_ros.state import CsrState
-from csr_ros.tokenizer import HFTokenizer
 
 SPECIAL_SPELLINGS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>", "<|im_", "|>"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> HFTokenizer:
-    return HFTokenizer(resolve_model_dir(weights=False))
-
-
-@pytest.fixture(scope="module")
-def layout(tokenizer) -> Layout:
-    return Layout.from_tokenizer(tokenizer)
 
 
 adversarial_text = st.one_of(

@@ -112,11 +112,13 @@ def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int],
         query_no += 1
         return prompts.dynamic(m, query_no)
 
-    # Warm-up (not timed): first forwards allocate, initialize kernels and fill caches.
+    # Warm-up (not timed): first forwards allocate and initialize kernels. It uses the unordered
+    # layout (dynamic tokens first), which shares no prefix with the timed prompts, so a
+    # server's prefix cache cannot make the first "cold prefill" below look free.
     _progress(f"[{name}] warm-up")
     static, static_text = prompts.static(min(ns))
-    resource.load(static, static_text)
-    resource.query(prompts.request(static, static_text, *fresh_dynamic(min(ms))),
+    resource.load((), "")
+    resource.query(prompts.unordered(*fresh_dynamic(min(ms)), static, static_text),
                    max_new_tokens=max_new_tokens)
     for n in ns:
         static, static_text = prompts.static(n)
