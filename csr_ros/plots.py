@@ -1,5 +1,10 @@
-"""Plots of a demo run (matplotlib, Agg): TTFT over time with eviction and swap markers, and
-the TTFT distribution inside and outside reconciliation windows (CSR paper, Fig. 6 and 7)."""
+"""Plots (matplotlib, Agg).
+
+- `plot_run`: a demo run: TTFT over time with eviction and swap markers, and the TTFT
+  distribution inside and outside reconciliation windows (CSR paper, Fig. 6 and 7).
+- `plot_bench`: `csr-ros bench` rows: TTFT against N for CSR and the unordered baseline per
+  resource and M (min-max as error bars), and capsule snapshot/restore times against N.
+"""
 
 from __future__ import annotations
 
@@ -89,3 +94,62 @@ def _log_ticks(axis, values_ms: list[float], scalar_formatter, null_formatter) -
     axis.set_ticks(ticks)
     axis.set_major_formatter(scalar_formatter())
     axis.set_minor_formatter(null_formatter())
+
+
+def plot_bench(rows: list[dict], path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    fig, (ax_ttft, ax_capsule) = plt.subplots(1, 2, figsize=(13, 5),
+                                              gridspec_kw={"width_ratios": [1.6, 1]})
+    styles = {"csr": "-", "unordered": "--"}
+    series = sorted({(r["resource"], r["m"], r["method"]) for r in rows if r["method"] in styles})
+    for resource, m, method in series:
+        points = sorted((r["n"], r["ttft_median_s"], r["ttft_min_s"], r["ttft_max_s"])
+                        for r in rows if (r["resource"], r.get("m"), r["method"]) == (resource, m, method))
+        ns = [p[0] for p in points]
+        medians = [p[1] for p in points]
+        errors = [[p[1] - p[2] for p in points], [p[3] - p[1] for p in points]]
+        ax_ttft.errorbar(ns, medians, yerr=errors, ls=styles[method], marker="o", capsize=3,
+                         label=f"{resource} {method} (M={m})")
+    ax_ttft.set_xscale("log", base=2)
+    ax_ttft.set_yscale("log")
+    ax_ttft.set_xlabel("static tokens N")
+    ax_ttft.set_ylabel("TTFT [s] (median, min-max)")
+    ax_ttft.set_title("TTFT: CSR query vs the whole prompt recomputed")
+    ax_ttft.grid(True, which="both", alpha=0.3)
+    ax_ttft.legend(fontsize="small")
+
+    capsules = sorted((r["resource"], r["n"], r["snapshot_median_s"], r["restore_median_s"])
+                      for r in rows if r["method"] == "capsule")
+    for resource in sorted({c[0] for c in capsules}):
+        mine = [c for c in capsules if c[0] == resource]
+        ax_capsule.plot([c[1] for c in mine], [c[2] * 1e3 for c in mine], marker="o",
+                        label=f"{resource} snapshot")
+        ax_capsule.plot([c[1] for c in mine], [c[3] * 1e3 for c in mine], marker="s",
+                        label=f"{resource} restore")
+    ax_capsule.set_xscale("log", base=2)
+    ax_capsule.set_ylim(bottom=0)
+    all_ns = sorted({r["n"] for r in rows})
+    for axis in (ax_ttft.xaxis, ax_capsule.xaxis):
+        axis.set_ticks(all_ns)
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
+    ax_capsule.set_xlabel("static tokens N")
+    ax_capsule.set_ylabel("time [ms] (median)")
+    ax_capsule.set_title("Capsules: cost does not grow with N")
+    ax_capsule.grid(True, alpha=0.3)
+    if capsules:
+        ax_capsule.legend(fontsize="small")
+    else:
+        ax_capsule.text(0.5, 0.5, "no capsule rows\n(HTTP resources have none)",
+                        ha="center", va="center", transform=ax_capsule.transAxes)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -39,12 +39,14 @@ def test_the_summary_relates_unordered_to_csr_and_resources_to_each_other():
     assert rows[-1]["tokens_per_s"] == pytest.approx(1024 / 3.5)
 
 
-def test_a_short_bench_run_writes_the_documented_json(tmp_path, capsys):
+def test_a_short_bench_run_writes_the_documented_json_and_a_png_plot(tmp_path, capsys):
     pytest.importorskip("torch")
     from csr_ros.cli import main
 
-    out = tmp_path / "bench.json"
-    assert main(["bench", "--n", "48,96", "--m", "8", "--repeats", "1", "--json", str(out)]) == 0
+    out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
+    assert main(["bench", "--n", "48,96", "--m", "8", "--repeats", "1", "--json", str(out),
+                 "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
     report = json.loads(out.read_text())
     assert set(report) == {"rows", "meta", "summary"}
     by_method = {}

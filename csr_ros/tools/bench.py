@@ -59,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens decoded per query (TTFT needs only the first)")
     parser.add_argument("--no-unordered", action="store_true", help="skip the unordered baseline")
     parser.add_argument("--json", type=Path, default=None, help="write rows, meta and summary here")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="write a PNG: TTFT against N per method, capsule times against N")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rows": rows, "meta": meta, "summary": summary}, indent=1))
         _progress(f"wrote {args.json}")
+    if args.plot is not None:
+        from csr_ros.plots import plot_bench
+
+        _progress(f"wrote {plot_bench(rows, args.plot)}")
     return 0
 
 
