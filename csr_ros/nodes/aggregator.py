@@ -192,7 +192,7 @@ class AggregatorNode(Node):
 
 
 def main(args=None) -> int:
-    return run(AggregatorNode, args)
+    return run(AggregatorNode, args=args)
 
 
 if __name__ == "__main__":

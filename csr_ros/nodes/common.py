@@ -94,28 +94,35 @@ def resolve_message_type(type_name: str):
     return get_message(type_name)
 
 
-def run(make_node: Callable[[], Node], args: Sequence[str] | None = None, *,
-        threads: int | None = None) -> int:
-    """Standard main(): init, spin, clean shutdown on Ctrl-C; a ConfigError exits with 2."""
+def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
+        threads: int | None = None, label: str | None = None) -> int:
+    """Standard main(): init, spin, clean shutdown on Ctrl-C; a ConfigError exits with 2.
+
+    Each factory is called with the nodes made before it (all_in_one hands its reconciler to
+    the policy). Nodes are closed and destroyed in reverse order, also when a later one fails.
+    """
     rclpy.init(args=args)
-    node = None
+    nodes: list[Node] = []
     executor = MultiThreadedExecutor(num_threads=threads) if threads else None
     try:
-        node = make_node()
+        for make in make_nodes:
+            nodes.append(make(*nodes))
         if executor is None:
-            rclpy.spin(node)
+            rclpy.spin(nodes[0])
         else:
-            executor.add_node(node)
+            for node in nodes:
+                executor.add_node(node)
             executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     except CsrError as exc:
-        print(f"[{getattr(node, 'get_name', lambda: 'csr_ros')()}] error: {exc}", file=sys.stderr)
+        name = label or (nodes[0].get_name() if nodes else "csr_ros")
+        print(f"[{name}] error: {exc}", file=sys.stderr)
         return 2
     finally:
         if executor is not None:
             executor.shutdown()
-        if node is not None:
+        for node in reversed(nodes):
             close = getattr(node, "close", None)
             if close is not None:
                 close()

@@ -309,7 +309,7 @@ def _header(node: Node):
 def main(args=None) -> int:
     # Queries run on their own thread; a second executor thread keeps the Query service and
     # GetChunks answers flowing while chunks are folded.
-    return run(PolicyNode, args, threads=4)
+    return run(PolicyNode, args=args, threads=4)
 
 
 if __name__ == "__main__":

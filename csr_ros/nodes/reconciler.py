@@ -321,7 +321,7 @@ class ReconcilerNode(Node):
 
 
 def main(args=None) -> int:
-    return run(ReconcilerNode, args, threads=4)
+    return run(ReconcilerNode, args=args, threads=4)
 
 
 if __name__ == "__main__":
