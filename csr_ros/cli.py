@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "serve": ("serve", "start inference servers (vLLM on a GPU server, llama.cpp for tests)"),
     "model": ("model", "prepare or inspect the embedded default model"),
     "replay": ("replay", "render a rosbag (ROS 2 or ROS 1) into chunks as the aggregator would"),
+    "patrol": ("patrol", "write a deterministic home-patrol rosbag2 with its ground truth"),
     "check-params": ("check_params", "validate a parameters file of the ROS 2 nodes"),
 }
 
