@@ -15,6 +15,10 @@ class ConfigError(CsrError, ValueError):
     """A parameter, YAML file or command-line value is missing or malformed."""
 
 
+class MessageTypeNotInstalledError(ConfigError):
+    """A configured ROS message type whose package is not installed (or does not import)."""
+
+
 class ChunkError(CsrError, ValueError):
     """A state chunk cannot be appended as given. Nothing was appended."""
 

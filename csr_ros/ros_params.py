@@ -65,6 +65,8 @@ CHUNKS = [
 AGGREGATOR = TOPICS + CHUNKS + [
     _p("sources", [], "names of the input sources; each is described by source.<name>.*",
        required=True, element=str),
+    _p("strict", False, "stop when a source's message type is not installed (false: start "
+       "without that source and name it in the log and on /diagnostics)"),
     _p("ring_size", 10000, "chunks kept in memory for GetChunks", min_value=1),
     _p("float_digits", 3, "decimals kept when rendering floats", min_value=0),
     _p("max_array", 8, "arrays longer than this are summarised (n/min/max/mean)", min_value=1),

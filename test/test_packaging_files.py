@@ -32,7 +32,9 @@ def test_package_xml_is_format_3_ament_cmake_and_an_interface_package():
     assert root.findtext("member_of_group") == "rosidl_interface_packages"
     deps = {e.text for e in root if e.tag.endswith("depend")}
     assert {"rosidl_default_generators", "rosidl_default_runtime", "builtin_interfaces", "rclpy",
-            "diagnostic_msgs", "rosidl_runtime_py", "launch_ros"} <= deps
+            "diagnostic_msgs", "launch_ros"} <= deps
+    # message types are resolved with importlib: nothing needs rosidl_runtime_py
+    assert "rosidl_runtime_py" not in deps
 
 
 def test_every_interface_in_cmakelists_exists_and_every_file_is_listed():

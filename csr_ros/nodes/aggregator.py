@@ -17,15 +17,16 @@ import functools
 import itertools
 from collections import deque
 
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 
 from csr_ros import ros_params
 from csr_ros.chunklog import ChunkLog, ChunkRecord
-from csr_ros.errors import ConfigError
+from csr_ros.errors import ConfigError, MessageTypeNotInstalledError
 from csr_ros.msg import StateChunk
-from csr_ros.nodes.common import (CHUNKS_QOS, INSTANT_QOS, declare, resolve_message_type, run,
-                                  time_msg)
+from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS, declare,
+                                  resolve_message_type, run, time_msg)
 from csr_ros.render import Coalescer, Emission, header_stamp_ns, render
 from csr_ros.ros_params import QosChoice, SourceConfig, match_publishers
 from csr_ros.srv import GetChunks
@@ -41,11 +42,31 @@ class AggregatorNode(Node):
         values = declare(self, ros_params.AGGREGATOR)
         for name in values.get("sources", []):
             values.update(declare(self, ros_params.source_schema(name)))
-        self.params = ros_params.validate("aggregator", values,
-                                          resolve_type=resolve_message_type)
-        self.sources: dict[str, SourceConfig] = {s.name: s for s in self.params["sources"]}
-        self.message_types = {s.name: resolve_message_type(s.type_name)
-                              for s in self.sources.values()}
+        self.message_types: dict[str, type] = {}          # type name → class
+        self.skipped: dict[str, str] = {}                  # source name → why
+        missing: dict[str, str] = {}
+
+        def resolve(type_name: str):
+            try:
+                self.message_types[type_name] = resolve_message_type(type_name)
+            except MessageTypeNotInstalledError as exc:
+                if values.get("strict", False):
+                    raise
+                missing[type_name] = str(exc)
+
+        self.params = ros_params.validate("aggregator", values, resolve_type=resolve)
+        self.sources: dict[str, SourceConfig] = {}
+        for source in self.params["sources"]:
+            if source.type_name in missing:
+                self.skipped[source.name] = missing[source.type_name]
+                self.get_logger().error(
+                    f"source {source.name!r} ({source.topic}) skipped: "
+                    f"{missing[source.type_name]}; set strict:=true to stop instead")
+            else:
+                self.sources[source.name] = source
+        if not self.sources:
+            raise ConfigError("aggregator: none of the sources can be subscribed: " +
+                              "; ".join(f"{k}: {v}" for k, v in self.skipped.items()))
 
         self.coalescer = Coalescer({s.name: s.period_s for s in self.sources.values()})
         self.ring: deque[StateChunk] = deque(maxlen=self.params["ring_size"])
@@ -66,6 +87,9 @@ class AggregatorNode(Node):
             self._subscribe(source)
         self.poll_timer = self.create_timer(1.0 / self.params["poll_hz"], self.poll_callback)
         self.qos_timer = self.create_timer(self.params["qos_recheck_s"], self.qos_recheck_callback)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics",
+                                                     DIAGNOSTICS_QOS)
+        self.diagnostics_timer = self.create_timer(1.0, self.diagnostics_callback)
         self.get_logger().info(
             f"aggregating {len(self.sources)} sources into {self.params['topics.chunks']} "
             f"from seq {self.next_seq}: " + ", ".join(
@@ -91,7 +115,7 @@ class AggregatorNode(Node):
         if old is not None:
             self.destroy_subscription(old)
         self.source_subs[source.name] = self.create_subscription(
-            self.message_types[source.name], source.topic,
+            self.message_types[source.type_name], source.topic,
             functools.partial(self.message_callback, source.name), qos)
         self.source_qos[source.name] = choice
         self.get_logger().debug(f"{source.name}: {source.topic} with {choice}")
@@ -144,6 +168,24 @@ class AggregatorNode(Node):
             self.chunk_log.append_chunk(Chunk(seq=Seq(out.seq), source=source.name,
                                               stamp_ns=stamp_ns, text=text, token_ids=()))
         self.chunk_pub.publish(out)
+
+    def diagnostics_callback(self) -> None:
+        """1 Hz on /diagnostics: WARN while a configured source is skipped or cannot render."""
+        level, message = DiagnosticStatus.OK, f"{len(self.sources)} sources"
+        problems = [f"{name} skipped" for name in self.skipped] + [
+            f"{name}: {n} render errors" for name, n in self.render_errors.items()]
+        if problems:
+            level, message = DiagnosticStatus.WARN, "; ".join(problems)
+        values = [KeyValue(key="next_seq", value=str(self.next_seq)),
+                  KeyValue(key="sources", value=", ".join(self.sources))]
+        values += [KeyValue(key=f"skipped.{name}", value=why)
+                   for name, why in self.skipped.items()]
+        status = DiagnosticStatus(level=level, name=f"csr_ros: {self.get_name()}",
+                                  message=message, hardware_id=self.get_fully_qualified_name(),
+                                  values=values)
+        array = DiagnosticArray(status=[status])
+        array.header.stamp = self.get_clock().now().to_msg()
+        self.diagnostics_pub.publish(array)
 
     # -- late joiners --------------------------------------------------------------------------
 

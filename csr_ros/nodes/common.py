@@ -3,6 +3,8 @@ profiles, message conversions, and the standard main()."""
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import sys
 from typing import Any, Callable, Sequence
 
@@ -15,8 +17,9 @@ from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
-from csr_ros.errors import ConfigError, CsrError
+from csr_ros.errors import ConfigError, CsrError, MessageTypeNotInstalledError
 from csr_ros.policy_core import ChunkEvent
+from csr_ros.render import normalize_type_name
 from csr_ros.ros_params import ParamSpec
 
 # The chunk stream must not lose a chunk under a burst (a bag replayed fast, many sources at
@@ -88,10 +91,26 @@ def chunk_event(msg) -> ChunkEvent:
 
 
 def resolve_message_type(type_name: str):
-    """'pkg/msg/Name' → the generated class; raises if the package is not installed."""
-    from rosidl_runtime_py.utilities import get_message
+    """'pkg/msg/Name' (or 'pkg/Name') → the generated class, by importing `pkg.msg`.
 
-    return get_message(type_name)
+    Raises MessageTypeNotInstalledError when the package does not import (not installed, or
+    this workspace not sourced), and ConfigError when it imports but has no such type (a typo).
+    """
+    package, kind, name = normalize_type_name(type_name).split("/")
+    try:
+        module = importlib.import_module(f"{package}.{kind}")
+    except ImportError as exc:
+        raise MessageTypeNotInstalledError(
+            f"message type {package}/{kind}/{name} is not installed: {package}.{kind} does not "
+            f"import ({type(exc).__name__}: {exc})") from None
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type) or not hasattr(cls, "get_fields_and_field_types"):
+        known = [n for n in dir(module) if not n.startswith("_") and
+                 hasattr(getattr(module, n), "get_fields_and_field_types")]
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {package}/{kind}/{close[0]}?)" if close else ""
+        raise ConfigError(f"{package}/{kind} has no message type {name!r}{hint}")
+    return cls
 
 
 def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
