@@ -1,7 +1,9 @@
-"""The nodes on a real ROS 2 graph (Jazzy or Humble, this workspace built and sourced).
+"""The nodes on a real ROS 2 graph: rclpy with Fast DDS, in this process.
 
-    colcon build --packages-select csr_ros && source install/setup.bash
-    python -m pytest test/test_nodes_ros.py -m ros
+`bash scripts/test.sh` installs ROS 2 Jazzy from PyPI wheels and builds the interfaces
+(`scripts/setup.sh --ros`), so these run on every CI run; `python -m pytest
+test/test_nodes_ros.py` runs them from the checkout. On a full ROS 2 install: `colcon build
+--packages-select csr_ros && source install/setup.bash` first.
 
 Chunks are published into the aggregator, a decision and a swap event come out of the policy
 and the reconciler (two in-process SmolLM2 resources, as in all_in_one), and a node that joins
@@ -15,11 +17,12 @@ import time
 
 import pytest
 
-REASON = "rclpy not available: these tests need a sourced ROS 2 Jazzy/Humble install"
-rclpy = pytest.importorskip("rclpy", reason=REASON)
-pytest.importorskip("csr_ros.msg", reason="csr_ros interfaces not built: run `colcon build "
-                                          "--packages-select csr_ros` and source install/setup.bash")
+from conftest import ros_missing
 
+if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
+    pytest.skip(ros_missing(), allow_module_level=True)
+
+import rclpy  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
@@ -170,3 +173,40 @@ def test_chunks_in_decision_and_swap_event_out_with_local_resources(graph, probe
     swaps = wait_for(lambda: [s for s in probe.received["swaps"] if s.reason == "swap"],
                      timeout_s=240.0, what="a swap event")
     assert swaps[-1].version >= 1 and swaps[-1].evicted_before_seq > 0
+
+
+VISION_AND_SPEECH = SPEECH + [
+    Parameter("sources", Parameter.Type.STRING_ARRAY, ["speech", "goal", "detections"]),
+    Parameter("source.detections.topic", Parameter.Type.STRING, "/test/detections"),
+    Parameter("source.detections.type", Parameter.Type.STRING,
+              "vision_msgs/msg/Detection2DArray")]
+
+
+def test_a_source_whose_type_is_not_installed_is_skipped_and_named_on_diagnostics(graph, probe):
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+
+    try:
+        import vision_msgs  # noqa: F401
+        pytest.fail("vision_msgs is installed here; this test needs a type that is not")
+    except ImportError:
+        pass
+    arrays = []
+    probe.create_subscription(DiagnosticArray, "/diagnostics", arrays.append, 10)
+    aggregator = graph.add(AggregatorNode(parameter_overrides=VISION_AND_SPEECH))
+    assert set(aggregator.sources) == {"speech", "goal"}
+    assert "vision_msgs/msg/Detection2DArray" in aggregator.skipped["detections"]
+    say(probe, graph, ["still here"])
+    wait_for(lambda: probe.received["chunks"], what="a chunk of the other sources")
+    status = wait_for(lambda: [s for a in arrays for s in a.status
+                               if s.name == "csr_ros: aggregator"], what="diagnostics")[-1]
+    assert status.level == DiagnosticStatus.WARN and "detections skipped" in status.message
+    values = {kv.key: kv.value for kv in status.values}
+    assert "not installed" in values["skipped.detections"]
+
+
+def test_a_strict_aggregator_stops_on_a_type_that_is_not_installed(graph):
+    from csr_ros.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"source\.detections\.type.*vision_msgs"):
+        AggregatorNode(parameter_overrides=VISION_AND_SPEECH + [
+            Parameter("strict", Parameter.Type.BOOL, True)])
