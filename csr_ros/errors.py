@@ -81,3 +81,11 @@ class ResourceTimeoutError(ResourceError):
 
 class ChunkLogError(CsrError):
     """The on-disk chunk log is unreadable or inconsistent."""
+
+
+class ActionSpecError(ConfigError):
+    """An action vocabulary (its spec strings or JSON schema) is malformed."""
+
+
+class ActionParseError(CsrError, ValueError):
+    """A decision's text is not an action of the vocabulary."""

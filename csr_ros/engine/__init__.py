@@ -12,6 +12,6 @@ The only part of csr_ros that imports torch at module level.
 """
 
 from csr_ros.engine.capsule import Capsule
-from csr_ros.engine.engine import ExtendResult, Generation, LocalEngine
+from csr_ros.engine.engine import ExtendResult, Generation, LocalEngine, OptionScores
 
-__all__ = ["Capsule", "ExtendResult", "Generation", "LocalEngine"]
+__all__ = ["Capsule", "ExtendResult", "Generation", "LocalEngine", "OptionScores"]

@@ -21,7 +21,7 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import torch
 
@@ -54,6 +54,14 @@ class Generation:
     n_committed: int           # tokens committed by this call (`commit_ids`)
     n_dynamic: int             # dynamic tokens prefilled and then dropped
     finish_reason: str         # "stop" (EOS or stop string) | "length"
+
+
+@dataclass(frozen=True)
+class OptionScores:
+    logprobs: tuple[float, ...]  # per option: sum of its tokens' log-probabilities (+ end)
+    n_forward_tokens: int       # dynamic tokens plus trie nodes prefilled in the one pass
+    seconds: float              # call start → scores (includes `commit_ids`)
+    n_committed: int            # tokens committed by this call
 
 
 class LocalEngine:
@@ -163,10 +171,13 @@ class LocalEngine:
 
     def query(self, dynamic_ids: Sequence[int], max_new_tokens: int, *, stop: Sequence[str] = (),
               eos_ids: Sequence[int] | None = None, commit_ids: Sequence[int] = (),
-              temperature: float = 0.0, seed: int | None = None) -> Generation:
+              temperature: float = 0.0, seed: int | None = None,
+              constraint: "TokenConstraint | None" = None) -> Generation:
         """Commit `commit_ids`, prefill `dynamic_ids` (not committed), decode, roll back.
 
         Greedy unless temperature > 0. TTFT runs from the call to the first sampled token.
+        `constraint` masks the logits before each sample and ends the generation as soon as
+        what it accepts is complete (see `TokenConstraint`).
         """
         commit = self._check_ids(commit_ids, "commit_ids", allow_empty=True)
         dynamic = self._check_ids(dynamic_ids, "dynamic_ids", allow_empty=True)
@@ -195,14 +206,15 @@ class LocalEngine:
             saved_linear = self.cache.linear_state() if self.cache.has_linear_layers else None
             try:
                 logits = self._forward(dynamic) if dynamic else self._last_logits
-                token = _sample(logits, temperature, generator)
+                token = _sample(_masked(logits, constraint), temperature, generator)
                 ttft_s = time.perf_counter() - started
                 tokens = [token]
-                text, finish = self._finished(tokens, eos, stop, max_new_tokens)
+                text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
                 while finish is None:
-                    token = _sample(self._forward([token]), temperature, generator)
+                    logits = _masked(self._forward([token]), constraint)
+                    token = _sample(logits, temperature, generator)
                     tokens.append(token)
-                    text, finish = self._finished(tokens, eos, stop, max_new_tokens)
+                    text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
                 decode_s = time.perf_counter() - started - ttft_s
             finally:
                 self.cache.truncate(n_static)
@@ -210,6 +222,92 @@ class LocalEngine:
                     self.cache.set_linear_state(saved_linear)
         return Generation(text=text, token_ids=tuple(tokens), ttft_s=ttft_s, decode_s=decode_s,
                           n_committed=len(commit), n_dynamic=len(dynamic), finish_reason=finish)
+
+    def score_options(self, dynamic_ids: Sequence[int], options: Sequence[Sequence[int]], *,
+                      commit_ids: Sequence[int] = (),
+                      end_id: int | None = None) -> OptionScores:
+        """Log-probability of each option's tokens after `dynamic_ids`, in one forward pass.
+
+        The options are merged into a token trie and prefilled after the dynamic part in one
+        call, each trie node attending to the committed state, the dynamic part and its own
+        ancestors (positions continue from the dynamic part along each path). `end_id`, when
+        given, is scored after each option (so that a prefix of a longer option is not
+        favoured). Like `query`, commits `commit_ids` first and rolls the rest back.
+        """
+        commit = self._check_ids(commit_ids, "commit_ids", allow_empty=True)
+        dynamic = self._check_ids(dynamic_ids, "dynamic_ids", allow_empty=True)
+        paths = [self._check_ids(o, "an option", allow_empty=False) for o in options]
+        if not paths:
+            raise ConfigError("score_options needs at least one option")
+        if self.cache.has_linear_layers:
+            raise ConfigError("scoring options in one pass needs an attention-only model; "
+                              "decode with a grammar constraint instead")
+        if not commit and not dynamic and self._last_logits is None:
+            raise ConfigError("score_options on an empty state needs at least one prompt token")
+        tokens, parents, depths, ends = _trie(paths)
+        # A node is fed only if some row after it is read: one with children, or any node when
+        # the end token is scored. An option's last token is scored from its parent's row.
+        has_child = {p for p in parents if p >= 0}
+        fed = [i for i in range(len(tokens)) if end_id is not None or i in has_child]
+        row_of = {node: k + 1 for k, node in enumerate(fed)}   # row 0: after the dynamic part
+        self._check_room(len(commit) + len(dynamic) + len(fed), self.n_committed,
+                         "score_options")
+        with torch.inference_mode():
+            started = time.perf_counter()
+            if commit:
+                self._commit(commit)
+            n_static = self.cache.length
+            try:
+                n_dyn, q = len(dynamic), len(dynamic) + len(fed)
+                rows = self._tree_logprobs(dynamic, [tokens[i] for i in fed],
+                                           [row_of[parents[i]] - 1 if parents[i] >= 0 else -1
+                                            for i in fed], [depths[i] for i in fed])
+                logprobs = []
+                for path_nodes in ends:
+                    total, before = 0.0, 0
+                    for node in path_nodes:
+                        total += float(rows[before, tokens[node]])
+                        before = row_of.get(node, -1)
+                    if end_id is not None:
+                        total += float(rows[before, end_id])
+                    logprobs.append(total)
+            finally:
+                self.cache.truncate(n_static)
+        return OptionScores(logprobs=tuple(logprobs), n_forward_tokens=q,
+                            seconds=time.perf_counter() - started, n_committed=len(commit))
+
+    def _tree_logprobs(self, dynamic: list[int], tokens: list[int], parents: list[int],
+                       depths: list[int]) -> torch.Tensor:
+        """Prefill dynamic ⊕ tree nodes in one forward (tree attention); log-softmax rows
+        [1 + len(tokens), V]: after the dynamic part, then after each node. Not rolled back."""
+        n_static, n_dyn = self.cache.length, len(dynamic)
+        q = n_dyn + len(tokens)
+        if q == 0:
+            return self._last_logits.float().log_softmax(-1)[None]
+        mask = torch.zeros(q, n_static + q, dtype=torch.bool, device=self.device)  # [q, N + q]
+        mask[:, :n_static] = True
+        if n_dyn:                                                  # causal within dynamic
+            mask[:n_dyn, n_static:n_static + n_dyn] = torch.ones(
+                n_dyn, n_dyn, dtype=torch.bool, device=self.device).tril()
+            mask[n_dyn:, n_static:n_static + n_dyn] = True
+        base = n_static + n_dyn
+        for i, parent in enumerate(parents):                      # ancestors-or-self of node i
+            row = mask[n_dyn + i]
+            if parent >= 0:
+                row[base:] |= mask[n_dyn + parent, base:]
+            row[base + i] = True
+        positions = list(range(n_static, base)) + [base + d for d in depths]
+        input_ids = torch.tensor([dynamic + tokens], dtype=torch.long, device=self.device)
+        position_ids = torch.tensor([positions], device=self.device)              # [1, q]
+        self.cache.begin_write(q)
+        out = self.model(input_ids=input_ids, position_ids=position_ids,
+                         attention_mask=mask[None, None], cache=self.cache, use_cache=True,
+                         logits_to_keep=len(tokens) + (1 if n_dyn else 0))
+        self.cache.advance(q)
+        rows = out.logits[0].float().log_softmax(-1)
+        if not n_dyn:
+            rows = torch.cat([self._last_logits.float().log_softmax(-1)[None], rows])
+        return rows
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
         """Prefill `ids` at the cache position in blocks; the logits after the last one, [V] fp32.
@@ -244,16 +342,18 @@ class LocalEngine:
         self._last_logits = logits
 
     def _finished(self, tokens: list[int], eos: frozenset, stop: tuple[str, ...],
-                  max_new_tokens: int) -> tuple[str, str | None]:
+                  max_new_tokens: int, constraint=None) -> tuple[str, str | None]:
         """(text so far, finish reason or None to go on)."""
         ended = tokens[-1] in eos
+        # A complete constrained answer stops at once: its end token is never decoded.
+        complete = constraint is not None and not ended and constraint.accept(tokens[-1])
         body = tokens[:-1] if ended else tokens
         text = self.tokenizer.decode(body) if self.tokenizer is not None else ""
         if stop:
             cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
             if cut >= 0:
                 return text[:cut], "stop"
-        if ended:
+        if ended or complete:
             return text, "stop"
         if len(tokens) >= max_new_tokens:
             return text, "length"
@@ -388,6 +488,48 @@ class LocalEngine:
         self._last_logits = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+class TokenConstraint(Protocol):
+    """Restricts decoding to the continuations a grammar allows (csr_ros.engine.grammar)."""
+
+    def mask_(self, logits: torch.Tensor) -> None:
+        """Set the logits [V] of every token not allowed next to -inf, in place."""
+
+    def accept(self, token: int) -> bool:
+        """Advance by the sampled token; True once the answer is complete."""
+
+
+def _masked(logits: torch.Tensor, constraint: TokenConstraint | None) -> torch.Tensor:
+    if constraint is None:
+        return logits
+    logits = logits.clone()            # the committed state's last logits stay untouched
+    constraint.mask_(logits)
+    return logits
+
+
+def _trie(paths: list[list[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
+    """Token trie of `paths` in insertion (topological) order: node tokens, parent index (-1
+    for the root), depth, and each path's node indices."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    children: dict[tuple[int, int], int] = {}
+    ends = []
+    for path in paths:
+        parent, nodes = -1, []
+        for depth, token in enumerate(path):
+            node = children.get((parent, token))
+            if node is None:
+                node = len(tokens)
+                children[(parent, token)] = node
+                tokens.append(token)
+                parents.append(parent)
+                depths.append(depth)
+            nodes.append(node)
+            parent = node
+        ends.append(nodes)
+    return tokens, parents, depths, ends
 
 
 def _sample(logits: torch.Tensor, temperature: float, generator) -> int:

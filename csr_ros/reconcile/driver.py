@@ -185,7 +185,7 @@ class Reconciler:
         return chunks
 
     def query(self, task: str, *, suffix: str = "", max_new_tokens: int = 8,
-              stop: Sequence[str] = ()) -> QueryOutcome:
+              stop: Sequence[str] = (), constraint=None) -> QueryOutcome:
         """Build a request against the active version and answer it on the resource holding it."""
         with self._lock:
             started_s = self.clock()
@@ -196,7 +196,7 @@ class Reconciler:
             (route,) = [c for c in commands if isinstance(c, Route)]
             self._dispatch([c for c in commands if not isinstance(c, Route)])
             future = self._workers[route.resource].submit(
-                lambda: self._answer(route, max_new_tokens, stop, started_s))
+                lambda: self._answer(route, max_new_tokens, stop, started_s, constraint))
         outcome: QueryOutcome
         try:
             wait_s, result = future.result()
@@ -213,7 +213,7 @@ class Reconciler:
         return outcome
 
     def _answer(self, route: Route, max_new_tokens: int, stop: Sequence[str],
-                started_s: float) -> tuple[float, QueryResult]:
+                started_s: float, constraint=None) -> tuple[float, QueryResult]:
         resource = self.resources[route.resource]
         _set_background(resource, False)
         wait_s = self.clock() - started_s
@@ -222,7 +222,11 @@ class Reconciler:
             load_started = self.clock()
             resource.load(())
             wait_s += self.clock() - load_started
-        return wait_s, resource.query(route.request, max_new_tokens=max_new_tokens, stop=stop)
+        if constraint is None:      # resources written before constraints keep working
+            return wait_s, resource.query(route.request, max_new_tokens=max_new_tokens,
+                                          stop=stop)
+        return wait_s, resource.query(route.request, max_new_tokens=max_new_tokens, stop=stop,
+                                      constraint=constraint)
 
     # -- state for callers -----------------------------------------------------------------
 

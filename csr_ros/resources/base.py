@@ -7,7 +7,8 @@ answers queries whose static part extends that run:
     extend(ids)   append to the committed run (catch-up: prefill only the new tokens)
     query(req)    prefill req's static tokens beyond the committed run (committing them), then
                   its dynamic tokens (not committed), then decode; TTFT is measured at the first
-                  sampled token on a monotonic clock
+                  sampled token on a monotonic clock; `constraint` (csr_ros.actions) restricts
+                  the answer to a grammar, a JSON schema or a closed list of choices
 
 Backends: `local` (in-process torch engine with capsules), `openai` (HTTP servers).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
+from csr_ros.actions import OutputConstraint
 from csr_ros.state import Request
 
 
@@ -38,6 +40,9 @@ class QueryResult:
     cached_tokens: int | None  # prompt tokens the server reports as served from its cache
     finish_reason: str         # "stop" | "length"
     resource: str = ""
+    constrained: bool = False  # decoded under an output constraint (grammar, choice, JSON)
+    choice_logprobs: tuple[float, ...] | None = None   # closed choice: each option's score
+    mask_s: float = 0.0        # time spent computing token masks (local grammar decoding)
 
     @property
     def n_generated(self) -> int:
@@ -56,7 +61,7 @@ class Resource(Protocol):
 
     def extend(self, ids: Sequence[int], text: str | None = None) -> PrefillResult: ...
 
-    def query(self, request: Request, *, max_new_tokens: int,
-              stop: Sequence[str] = ()) -> QueryResult: ...
+    def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
+              constraint: OutputConstraint | None = None) -> QueryResult: ...
 
     def close(self) -> None: ...

@@ -12,8 +12,9 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
+from csr_ros.actions import ChoiceScores, OutputConstraint
 from csr_ros.engine import LocalEngine
-from csr_ros.errors import StateMismatchError
+from csr_ros.errors import ConfigError, StateMismatchError
 from csr_ros.resources.base import PrefillResult, QueryResult
 from csr_ros.state import Request
 
@@ -28,6 +29,8 @@ class LocalResource:
                                   prefill_chunk_tokens=prefill_chunk_tokens)
         self.max_context_tokens = self.engine.max_context_tokens
         self._lock = threading.Lock()       # one call at a time: the engine is not thread-safe
+        self._compiler = None               # llguidance's vocabulary, built on first use
+        self._option_cache: dict[str, list[int]] = {}
 
     @property
     def n_committed(self) -> int:
@@ -52,22 +55,96 @@ class LocalResource:
             result = self.engine.extend(ids)
         return PrefillResult(result.n_tokens, result.seconds, result.n_committed)
 
-    def query(self, request: Request, *, max_new_tokens: int,
-              stop: Sequence[str] = ()) -> QueryResult:
+    def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
+              constraint: OutputConstraint | None = None) -> QueryResult:
+        """`constraint`: a grammar or JSON schema masks each sampled token (llguidance); a
+        closed choice is scored in one forward pass instead of decoded."""
         with self._lock:
             n = self.engine.n_committed
             static = request.static_ids
             committed = self.engine.committed_ids
             if static[:n] != committed:
                 raise StateMismatchError(_mismatch_message(static, committed, self.name))
+            if constraint is not None and constraint.kind == "choice":
+                return self._choose(request, constraint, n)
+            token_constraint = None
+            if constraint is not None:
+                token_constraint = self._grammar_compiler().compile(constraint)
             # Static tokens past the committed run are committed inside the query (counted in TTFT).
             generation = self.engine.query(request.dynamic_ids, max_new_tokens, stop=stop,
-                                           commit_ids=static[n:])
+                                           commit_ids=static[n:], constraint=token_constraint)
         return QueryResult(text=generation.text, token_ids=generation.token_ids,
                            ttft_s=generation.ttft_s, decode_s=generation.decode_s,
                            n_prompt=len(static) + len(request.dynamic_ids),
                            n_extended=generation.n_committed, cached_tokens=n,
-                           finish_reason=generation.finish_reason, resource=self.name)
+                           finish_reason=generation.finish_reason, resource=self.name,
+                           constrained=constraint is not None,
+                           mask_s=0.0 if token_constraint is None else token_constraint.mask_s)
+
+    def score_choices(self, request: Request, options: Sequence[str]) -> ChoiceScores:
+        """Every option's log-probability from the cached state (ChoiceScorer)."""
+        with self._lock:
+            n = self.engine.n_committed
+            if request.static_ids[:n] != self.engine.committed_ids:
+                raise StateMismatchError(_mismatch_message(request.static_ids,
+                                                           self.engine.committed_ids, self.name))
+            ids = [self._option_ids(o) for o in options]
+            scores = self.engine.score_options(request.dynamic_ids, ids,
+                                               commit_ids=request.static_ids[n:],
+                                               end_id=self._end_id(ids))
+        return ChoiceScores(options=tuple(options), logprobs=scores.logprobs,
+                            n_tokens=tuple(len(i) for i in ids))
+
+    def _choose(self, request: Request, constraint: OutputConstraint, n: int) -> QueryResult:
+        """Under the lock: the best-scoring choice, as a query result (no decoding)."""
+        ids = [self._option_ids(o) for o in constraint.choices]
+        scores = self.engine.score_options(request.dynamic_ids, ids,
+                                           commit_ids=request.static_ids[n:],
+                                           end_id=self._end_id(ids))
+        best = max(range(len(ids)), key=scores.logprobs.__getitem__)
+        # The whole answer is known when the one pass ends: TTFT is the decision's latency.
+        return QueryResult(text=constraint.choices[best], token_ids=tuple(ids[best]),
+                           ttft_s=scores.seconds, decode_s=0.0,
+                           n_prompt=len(request.static_ids) + len(request.dynamic_ids),
+                           n_extended=scores.n_committed, cached_tokens=n, finish_reason="stop",
+                           resource=self.name, constrained=True,
+                           choice_logprobs=scores.logprobs)
+
+    def _option_ids(self, option: str) -> list[int]:
+        ids = self._option_cache.get(option)
+        if ids is None:
+            ids = self.engine.tokenizer.encode_data(option)
+            if len(self._option_cache) > 4096:
+                self._option_cache.clear()
+            self._option_cache[option] = ids
+        return ids
+
+    def _end_id(self, options: list[list[int]]) -> int | None:
+        """The token that ends an answer (the chat template's end of turn), scored after each
+        option only when one option is a proper prefix of another: otherwise every option is
+        told apart by its own tokens and the extra rows would be wasted work."""
+        whole = {tuple(o) for o in options}
+        if not any(tuple(o[:k]) in whole for o in options for k in range(1, len(o))):
+            return None
+        tokenizer = self.engine.tokenizer
+        eos = getattr(tokenizer, "eos_token", None)
+        if eos:
+            ids = tokenizer.encode_template(eos)
+            if len(ids) == 1:
+                return ids[0]
+        return self.engine.eos_ids[0] if self.engine.eos_ids else None
+
+    def _grammar_compiler(self):
+        if self._compiler is None:
+            from csr_ros.engine.grammar import GrammarCompiler
+
+            if self.engine.model_dir is None:
+                raise ConfigError("grammar decoding needs the model's tokenizer.json: build "
+                                  "the engine from a model directory")
+            self._compiler = GrammarCompiler(self.engine.model_dir / "tokenizer.json",
+                                             vocab_size=self.engine.vocab_size,
+                                             eos_ids=self.engine.eos_ids)
+        return self._compiler
 
     def close(self) -> None:
         with self._lock:

@@ -42,6 +42,7 @@ from typing import Iterator, Sequence
 
 import httpx
 
+from csr_ros.actions import OutputConstraint
 from csr_ros.errors import (ConfigError, ContextOverflowError, CsrError, ResourceError,
                             ResourceTimeoutError, ResourceUnavailableError, StateMismatchError)
 from csr_ros.resources.base import PrefillResult, QueryResult
@@ -57,6 +58,11 @@ API_KEY_ENV = "CSR_ROS_API_KEY"
 PROMPT_MODES = ("auto", "tokens", "text")
 TOKENIZER_CHOICES = ("local", "server")
 TOKEN_PROMPT_SERVERS = ("vllm", "sglang")      # servers known to accept token-id prompts
+# How an output constraint travels (docs/openai_and_vllm.md): vLLM >= 0.10.2 reads
+# `structured_outputs` {choice | json | grammar}, older vLLM `guided_choice` / `guided_json` /
+# `guided_grammar` (removed in 0.12, and silently ignored there); llama.cpp's server `grammar`.
+STRUCTURED_APIS = ("auto", "structured_outputs", "guided", "grammar", "none")
+VLLM_STRUCTURED_OUTPUTS_SINCE = (0, 10, 2)
 DEFAULT_CONTEXT_TOKENS = 8192                  # assumed when the server does not say
 # A string with template tokens, digits, units and non-ASCII text: two tokenizers that agree
 # on it are the same tokenizer for every practical purpose here.
@@ -69,6 +75,7 @@ class ServerInfo:
     model: str                     # the model id requests are sent for
     models: tuple[str, ...]        # every id the server lists
     context_tokens: int | None     # the server's context maximum, when it reports one
+    version: str | None = None     # vLLM's GET /version, when it answers
 
 
 class OpenAIResource:
@@ -82,12 +89,16 @@ class OpenAIResource:
                  prefill_priority: int = 10, connect_timeout_s: float = 5.0,
                  read_timeout_s: float = 300.0, retries: int = 2, backoff_s: float = 0.5,
                  temperature: float = 0.0, seed: int | None = 0, extra_body: dict | None = None,
+                 structured_api: str = "auto",
                  check_health: bool = True, transport: httpx.BaseTransport | None = None):
         if prompt_mode not in PROMPT_MODES:
             raise ConfigError(f"prompt_mode must be one of {PROMPT_MODES}, got {prompt_mode!r}")
         if isinstance(tokenizer, str) and tokenizer not in TOKENIZER_CHOICES:
             raise ConfigError(f"tokenizer must be one of {TOKENIZER_CHOICES} or a Tokenizer, "
                               f"got {tokenizer!r}")
+        if structured_api not in STRUCTURED_APIS:
+            raise ConfigError(f"structured_api must be one of {STRUCTURED_APIS}, "
+                              f"got {structured_api!r}")
         if retries < 0 or backoff_s < 0 or headroom_tokens < 0:
             raise ConfigError("retries, backoff_s and headroom_tokens must be >= 0")
         self.url = url.rstrip("/")
@@ -102,6 +113,7 @@ class OpenAIResource:
         self.temperature = temperature
         self.seed = seed
         self.extra_body = dict(extra_body or {})       # merged into every completion request
+        self.structured_api = structured_api
         self._configured_context = max_context_tokens
         self.max_context_tokens = max_context_tokens or DEFAULT_CONTEXT_TOKENS
         api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
@@ -116,6 +128,7 @@ class OpenAIResource:
         self._lock = threading.RLock()
         self._committed_ids: tuple[int, ...] = ()
         self._committed_text: str | None = ""
+        self._structured_warned = False
         self.info: ServerInfo | None = None
         self.prompt_mode: str | None = None if prompt_mode == "auto" else prompt_mode
         if check_health:
@@ -196,7 +209,13 @@ class OpenAIResource:
                        f"{self.headroom_tokens} = {needed}: start the server with a longer "
                        "context (vLLM --max-model-len, llama.cpp n_ctx) or lower tau_mem")
                 raise ResourceUnavailableError(msg)
-        self.info = ServerInfo(kind=kind, model=self.model, models=ids, context_tokens=context)
+        version = None
+        if kind == "vllm":
+            answer = self._get_json("/version", what="read /version", missing_ok=True)
+            version = str(answer.get("version")) if isinstance(answer, dict) and \
+                answer.get("version") else None
+        self.info = ServerInfo(kind=kind, model=self.model, models=ids, context_tokens=context,
+                               version=version)
         self._check_tokenizer_agrees()
         log.info("%s: %s at %s serves %s, context %s, prompts as %s", self.name, kind, self.url,
                  self.model, context, self._resolved_prompt_mode())
@@ -267,8 +286,8 @@ class OpenAIResource:
 
     # -- the hot path ------------------------------------------------------------------------
 
-    def query(self, request: Request, *, max_new_tokens: int,
-              stop: Sequence[str] = ()) -> QueryResult:
+    def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
+              constraint: OutputConstraint | None = None) -> QueryResult:
         with self._lock:
             self._ensure_checked()
             n_extended = self._n_extended(request)
@@ -279,6 +298,11 @@ class OpenAIResource:
             else:
                 prompt = static_text + self._text_of(request.dynamic_ids, request.dynamic_text)
             body = self._body(prompt, max_tokens=max_new_tokens, stop=stop)
+            constrained = False
+            if constraint is not None:
+                fields = self.structured_fields(constraint)
+                body.update(fields)
+                constrained = bool(fields)
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
             pieces: list[str] = []
@@ -313,7 +337,7 @@ class OpenAIResource:
                                n_prompt=int(usage.get("prompt_tokens") or len(request.ids)),
                                n_extended=n_extended, cached_tokens=details.get("cached_tokens"),
                                finish_reason="stop" if finish_reason == "stop" else "length",
-                               resource=self.name)
+                               resource=self.name, constrained=constrained)
 
     def close(self) -> None:
         close = getattr(self._tokenizer, "close", None)
@@ -328,6 +352,48 @@ class OpenAIResource:
         self.close()
 
     # -- request building --------------------------------------------------------------------
+
+    def structured_fields(self, constraint: OutputConstraint) -> dict:
+        """The request fields that make this server decode only what `constraint` allows.
+
+        Empty when the server is not known to honour any (an unknown OpenAI-compatible server):
+        the answer is then parsed like free text and counted invalid if it does not parse.
+        """
+        api = self._structured_api()
+        if api == "structured_outputs":
+            if constraint.kind == "choice":
+                return {"structured_outputs": {"choice": list(constraint.choices)}}
+            if constraint.kind == "json":
+                return {"structured_outputs": {"json": constraint.json_schema}}
+            return {"structured_outputs": {"grammar": constraint.grammar}}
+        if api == "guided":
+            if constraint.kind == "choice":
+                return {"guided_choice": list(constraint.choices)}
+            if constraint.kind == "json":
+                return {"guided_json": constraint.json_schema}
+            return {"guided_grammar": constraint.grammar}
+        if api == "grammar":
+            # llama-cpp-python's completions take a GBNF grammar only; the vocabulary's grammar
+            # allows exactly its choices (and parses like the JSON form's decisions).
+            return {"grammar": constraint.grammar}
+        if not self._structured_warned:
+            log.warning("%s: %s is not known to constrain its output; decisions are parsed "
+                        "as free text", self.name, self.url)
+            self._structured_warned = True
+        return {}
+
+    def _structured_api(self) -> str:
+        if self.structured_api != "auto":
+            return self.structured_api
+        self._ensure_checked()
+        if self.info.kind == "llama.cpp":
+            return "grammar"
+        if self.info.kind == "vllm":
+            version = _version_tuple(self.info.version)
+            if version is not None and version < VLLM_STRUCTURED_OUTPUTS_SINCE:
+                return "guided"
+            return "structured_outputs"
+        return "none"
 
     def _resolved_prompt_mode(self) -> str:
         if self.prompt_mode is None:
@@ -481,6 +547,23 @@ class OpenAIResource:
             if missing_ok:
                 return None
             raise ResourceUnavailableError(f"{self.url}{path} did not answer JSON") from None
+
+
+def _version_tuple(version: str | None) -> tuple[int, ...] | None:
+    """"0.10.2" / "0.11.0rc1" / "0.9.1+cu126" → (0, 10, 2) / (0, 11, 0) / (0, 9, 1)."""
+    if not version:
+        return None
+    parts = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            return None
+        parts.append(int(digits))
+    return tuple(parts) if parts else None
 
 
 def _server_context_tokens(entries: list[dict], model: str, props: dict | None) -> int | None:

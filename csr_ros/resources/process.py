@@ -87,9 +87,9 @@ class ProcessResource:
         return self.call("extend", tuple(ids), text, timeout_s=timeout_s)
 
     def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
-              timeout_s: float | None = None) -> QueryResult:
+              constraint=None, timeout_s: float | None = None) -> QueryResult:
         return self.call("query", request, max_new_tokens=max_new_tokens, stop=tuple(stop),
-                         timeout_s=timeout_s)
+                         constraint=constraint, timeout_s=timeout_s)
 
     def call(self, path: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         """Call (or read) `path` on the child's resource, e.g. `call("engine.snapshot")`."""

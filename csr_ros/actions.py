@@ -1,0 +1,637 @@
+"""Typed robot actions: the vocabulary, its grammar, and parsing a decision into an action.
+
+    vocab = Vocabulary.parse(["wait()", "go_to(room: kitchen|hallway|office)",
+                              "pick(object: $objects)", "say(text: str)"])
+    bound = vocab.bind({"objects": seen.values("objects")})   # fill `$name` enumerations
+    constraint = bound.constraint()      # what a backend needs to decode only valid actions
+    action = bound.parse_decision('go_to(kitchen)')   # Action(name='go_to', args=(('room', 'kitchen'),))
+
+A decision is written as a call: `name(value, value, ...)`, values in declaration order.
+Enumeration values that are plain words (`[A-Za-z0-9_.-]+`) are written bare, others quoted;
+strings are always quoted (JSON string syntax without escapes, at most `max_str_chars`
+characters); integers, floats and booleans as in JSON. The JSON form
+`{"name": "go_to", "args": {"room": "kitchen"}}` parses too (it is what the JSON schema
+describes).
+
+Argument types in a spec: `str`, `int`, `float`, `bool`, `a|b|c` (an enumeration), or `$name`
+(an enumeration whose values are filled in later, e.g. from what the robot has seen). An action
+whose `$name` enumeration is empty is left out of the bound vocabulary.
+
+One grammar (GBNF, as llama.cpp documents it) serves every backend: llama.cpp's server takes it
+in `grammar`, vLLM in `structured_outputs.grammar` (or `guided_grammar`), the local engine
+compiles it with llguidance. A closed vocabulary (only enumerations and booleans) also lists
+its decisions, so a backend may score them instead of decoding (`choice`).
+
+Pure: no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping, Protocol, Sequence
+
+from csr_ros.errors import ActionParseError, ActionSpecError
+
+ARG_KINDS = ("enum", "str", "int", "float", "bool")
+CONSTRAINT_KINDS = ("auto", "grammar", "choice", "json")
+DEFAULT_MAX_STR_CHARS = 32
+DEFAULT_MAX_CHOICES = 256
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BARE = re.compile(r"[A-Za-z0-9_.\-]+")
+_SPEC = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)\s*", re.S)
+_INT = re.compile(r"-?[0-9]{1,9}")
+_FLOAT = re.compile(r"-?[0-9]{1,6}(\.[0-9]{1,3})?")
+_STR_FORBIDDEN = re.compile(r'["\\\x00-\x1f]')
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    kind: str                              # one of ARG_KINDS
+    values: tuple[str, ...] = ()           # enum: the allowed values
+    source: str | None = None              # enum: `$source` values come from bind()
+
+    @property
+    def bound(self) -> bool:
+        return self.kind != "enum" or self.source is None or bool(self.values)
+
+    def describe(self) -> str:
+        if self.kind == "enum":
+            if self.source is not None and not self.values:
+                return f"{self.name} one of the {self.source} seen"
+            return f"{self.name} one of {', '.join(self.values)}"
+        return {"str": f"{self.name} a quoted text", "int": f"{self.name} an integer",
+                "float": f"{self.name} a number", "bool": f"{self.name} true or false"}[self.kind]
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    name: str
+    args: tuple[Arg, ...] = ()
+
+    @property
+    def signature(self) -> str:
+        return f"{self.name}({', '.join(a.name for a in self.args)})"
+
+
+@dataclass(frozen=True)
+class Action:
+    """A parsed decision: the action's name and its arguments in declaration order."""
+
+    name: str
+    args: tuple[tuple[str, object], ...]
+    text: str                              # the decision as written, stripped
+
+    @property
+    def arguments(self) -> dict[str, object]:
+        return dict(self.args)
+
+    @property
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments, ensure_ascii=False, separators=(",", ":"))
+
+    def call(self) -> str:
+        """The call form with every text quoted, e.g. `go_to("kitchen")` (it parses back)."""
+        return f"{self.name}({', '.join(_render_value(v) for _, v in self.args)})"
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """What a backend needs to produce only valid decisions (plain data, picklable).
+
+    `grammar` (GBNF) is always set; `choices` lists every decision of a closed vocabulary;
+    `json_schema` describes the JSON form. `kind` says which one the caller wants used.
+    """
+
+    kind: str                              # "grammar" | "choice" | "json"
+    grammar: str
+    choices: tuple[str, ...] = ()
+    json_schema: dict | None = None
+
+    def __post_init__(self):
+        assert self.kind in ("grammar", "choice", "json"), f"unknown constraint kind {self.kind}"
+        assert self.kind != "choice" or self.choices, "a choice constraint needs choices"
+
+
+@dataclass(frozen=True)
+class ChoiceScores:
+    """Closed-choice scoring: the log-probability of each whole option (then end of turn)."""
+
+    options: tuple[str, ...]
+    logprobs: tuple[float, ...]
+    n_tokens: tuple[int, ...]              # tokens of each option, without the end token
+
+    @property
+    def best(self) -> int:
+        return max(range(len(self.options)), key=self.logprobs.__getitem__)
+
+    @property
+    def margin(self) -> float:
+        """Log-probability gap between the best and the second-best option (inf if one)."""
+        ranked = sorted(self.logprobs, reverse=True)
+        return ranked[0] - ranked[1] if len(ranked) > 1 else float("inf")
+
+
+class ChoiceScorer(Protocol):
+    """A backend that scores closed options from its cached state instead of decoding them."""
+
+    def score_choices(self, request, options: Sequence[str]) -> ChoiceScores: ...
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A decision as the policy reports it: the typed action, or why there is none."""
+
+    text: str
+    action: Action | None
+    constrained: bool
+    error: str = ""
+
+    @property
+    def valid(self) -> bool:
+        return self.action is not None
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    actions: tuple[ActionSpec, ...]
+    max_str_chars: int = DEFAULT_MAX_STR_CHARS
+    dropped: tuple[str, ...] = field(default=(), compare=False)   # left out by bind()
+
+    def __post_init__(self):
+        if not self.actions:
+            raise ActionSpecError("an action vocabulary needs at least one action"
+                                  + (f" (left out for empty enumerations: "
+                                     f"{', '.join(self.dropped)})" if self.dropped else ""))
+        names = [a.name for a in self.actions]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ActionSpecError(f"action names must be unique; repeated: {repeated}")
+        if self.max_str_chars < 1:
+            raise ActionSpecError(f"max_str_chars must be >= 1, got {self.max_str_chars}")
+
+    # -- building ------------------------------------------------------------------------------
+
+    @classmethod
+    def parse(cls, specs: str | Iterable[str], *,
+              max_str_chars: int = DEFAULT_MAX_STR_CHARS) -> "Vocabulary":
+        """From spec strings like `go_to(room: kitchen|hallway)` (one per item, or `;`-separated)."""
+        if isinstance(specs, str):
+            specs = [s for s in specs.split(";")]
+        items = [s.strip() for s in specs if s and s.strip()]
+        return cls(tuple(_parse_spec(s) for s in items), max_str_chars=max_str_chars)
+
+    @classmethod
+    def from_json_schema(cls, schema: dict | str, *,
+                         max_str_chars: int = DEFAULT_MAX_STR_CHARS) -> "Vocabulary":
+        """From a JSON schema of the form `json_schema()` writes: anyOf/oneOf of objects with a
+        `name` const and an `args` object whose properties are enum/string/integer/number/
+        boolean."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                raise ActionSpecError(f"the action schema is not JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise ActionSpecError("the action schema must be a JSON object")
+        branches = schema.get("anyOf") or schema.get("oneOf") or [schema]
+        return cls(tuple(_spec_from_schema(b, i) for i, b in enumerate(branches)),
+                   max_str_chars=max_str_chars)
+
+    @classmethod
+    def from_params(cls, specs: Sequence[str] | str = (), schema: str = "", *,
+                    max_str_chars: int = DEFAULT_MAX_STR_CHARS) -> "Vocabulary":
+        """Parameters give either spec strings or a JSON schema (a schema wins when both)."""
+        if schema and schema.strip():
+            return cls.from_json_schema(schema, max_str_chars=max_str_chars)
+        return cls.parse(specs, max_str_chars=max_str_chars)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The `$name` enumerations bind() fills, in order of first use."""
+        seen = OrderedDict()
+        for spec in self.actions:
+            for arg in spec.args:
+                if arg.source is not None:
+                    seen[arg.source] = None
+        return tuple(seen)
+
+    def bind(self, values: Mapping[str, Sequence[str]]) -> "Vocabulary":
+        """Fill `$name` enumerations; an action with an empty one is left out (`dropped`)."""
+        kept, dropped = [], []
+        for spec in self.actions:
+            args = []
+            for arg in spec.args:
+                if arg.source is not None:
+                    filled = tuple(dict.fromkeys(str(v) for v in values.get(arg.source, ())
+                                                 if str(v)))
+                    for value in filled:
+                        _check_enum_value(value, f"${arg.source}")
+                    arg = replace(arg, values=filled)
+                args.append(arg)
+            if all(a.kind != "enum" or a.values for a in args):
+                kept.append(replace(spec, args=tuple(args)))
+            else:
+                dropped.append(spec.name)
+        return Vocabulary(tuple(kept), max_str_chars=self.max_str_chars, dropped=tuple(dropped))
+
+    # -- what the model and the backends see ---------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        """Only enumerations and booleans: every decision can be listed."""
+        return all(a.kind in ("enum", "bool") and a.bound for s in self.actions for a in s.args)
+
+    def n_choices(self) -> int | None:
+        if not self.is_closed:
+            return None
+        total = 0
+        for spec in self.actions:
+            n = 1
+            for arg in spec.args:
+                n *= 2 if arg.kind == "bool" else len(arg.values)
+            total += n
+        return total
+
+    def choices(self, *, limit: int = DEFAULT_MAX_CHOICES) -> tuple[str, ...]:
+        """Every decision of a closed vocabulary, in call form."""
+        self._check_bound("its choices")
+        n = self.n_choices()
+        if n is None:
+            raise ActionSpecError("the vocabulary has free arguments (str, int, float): its "
+                                  "decisions cannot be listed; decode with its grammar")
+        if n > limit:
+            raise ActionSpecError(f"the vocabulary has {n} decisions, more than {limit}: decode "
+                                  "with its grammar instead of listing them")
+        out = []
+        for spec in self.actions:
+            pools = [("true", "false") if a.kind == "bool" else a.values for a in spec.args]
+            for combo in itertools.product(*pools):
+                out.append(f"{spec.name}({', '.join(_render_enum(v) for v in combo)})")
+        return tuple(out)
+
+    def describe(self) -> str:
+        """The action list for the prompt's fixed profile: the syntax and every argument."""
+        lines = []
+        for spec in self.actions:
+            line = f"- {spec.signature}"
+            if spec.args:
+                line += " with " + "; ".join(a.describe() for a in spec.args)
+            lines.append(line)
+        example = self.example()
+        return ("Actions (reply with exactly one call, arguments in order, texts in double "
+                f"quotes, e.g. {example}):\n" + "\n".join(lines))
+
+    def example(self) -> str:
+        spec = next((s for s in self.actions if s.args), self.actions[0])
+        return f"{spec.name}({', '.join(_example_value(a) for a in spec.args)})"
+
+    def gbnf(self) -> str:
+        """The decision grammar in GBNF (llama.cpp's grammar format)."""
+        self._check_bound("a grammar")
+        rules = ["root ::= " + " | ".join(f"a{i}" for i in range(len(self.actions)))]
+        used: set[str] = set()
+        for i, spec in enumerate(self.actions):
+            parts = [_gbnf_literal(spec.name + "(")]
+            for j, arg in enumerate(spec.args):
+                if j:
+                    parts.append('", "')
+                if arg.kind == "enum":
+                    rules.append(f"a{i}-{j} ::= " + " | ".join(
+                        _gbnf_literal(_render_enum(v)) for v in arg.values))
+                    parts.append(f"a{i}-{j}")
+                else:
+                    parts.append(arg.kind)
+                    used.add(arg.kind)
+            parts.append('")"')
+            rules.insert(1 + i, f"a{i} ::= " + " ".join(parts))
+        if "str" in used:
+            rules.append(f'str ::= "\\"" [^"\\\\\\x00-\\x1f]{{1,{self.max_str_chars}}} "\\""')
+        if "int" in used:
+            rules.append('int ::= "-"? [0-9]{1,9}')
+        if "float" in used:
+            rules.append('float ::= "-"? [0-9]{1,6} ("." [0-9]{1,3})?')
+        if "bool" in used:
+            rules.append('bool ::= "true" | "false"')
+        return "\n".join(rules) + "\n"
+
+    def json_schema(self) -> dict:
+        """The JSON form's schema: {"name": <const>, "args": {<arg>: <value>, ...}}."""
+        self._check_bound("a JSON schema")
+        branches = []
+        for spec in self.actions:
+            props = {a.name: _arg_schema(a, self.max_str_chars) for a in spec.args}
+            branches.append({
+                "type": "object",
+                "properties": {"name": {"const": spec.name},
+                               "args": {"type": "object", "properties": props,
+                                        "required": [a.name for a in spec.args],
+                                        "additionalProperties": False}},
+                "required": ["name", "args"], "additionalProperties": False})
+        return {"anyOf": branches}
+
+    def constraint(self, kind: str = "auto", *,
+                   max_choices: int = DEFAULT_MAX_CHOICES) -> OutputConstraint:
+        """`auto`: choice when the vocabulary is closed and small enough, else grammar."""
+        if kind not in CONSTRAINT_KINDS:
+            raise ActionSpecError(f"constraint kind must be one of {CONSTRAINT_KINDS}, "
+                                  f"got {kind!r}")
+        n = self.n_choices()
+        if kind == "auto":
+            kind = "choice" if n is not None and n <= max_choices else "grammar"
+        choices = self.choices(limit=max_choices) if kind == "choice" else ()
+        schema = self.json_schema() if kind == "json" else None
+        return OutputConstraint(kind=kind, grammar=self.gbnf(), choices=choices,
+                                json_schema=schema)
+
+    def _check_bound(self, what: str) -> None:
+        unbound = [s for s in self.sources
+                   if any(a.source == s and not a.values for sp in self.actions for a in sp.args)]
+        if unbound:
+            raise ActionSpecError(f"bind() the enumerations {unbound} before asking for {what}")
+
+    # -- parsing -------------------------------------------------------------------------------
+
+    def parse_decision(self, text: str) -> Action:
+        """The typed action a decision's text names; ActionParseError says what is wrong."""
+        stripped = (text or "").strip()
+        if not stripped:
+            raise ActionParseError("the decision is empty")
+        if stripped.startswith("{"):
+            return self._parse_json(stripped)
+        match = _SPEC.fullmatch(stripped)
+        if match is None:
+            raise ActionParseError(f"{_clip(stripped)!r} is not a call `name(args)`; expected "
+                                   f"one of {self._names()}")
+        name, body = match.group(1), match.group(2)
+        spec = self._spec(name)
+        raw = _split_args(body)
+        if len(raw) != len(spec.args):
+            raise ActionParseError(f"{spec.signature} takes {len(spec.args)} argument(s), got "
+                                   f"{len(raw)} in {_clip(stripped)!r}")
+        args = tuple((arg.name, self._value(arg, value, spec))
+                     for arg, value in zip(spec.args, raw))
+        return Action(name=spec.name, args=args, text=stripped)
+
+    def decide(self, text: str, *, constrained: bool, finish_reason: str = "stop",
+               max_new_tokens: int | None = None) -> Decision:
+        """Parse a backend's answer into a Decision; an unfinished answer is never valid."""
+        if finish_reason == "length":
+            budget = "" if max_new_tokens is None else f" of {max_new_tokens} tokens"
+            return Decision(text=text, action=None, constrained=constrained,
+                            error=f"incomplete: the budget{budget} ended before the action was "
+                                  f"complete ({_clip(text.strip())!r})")
+        try:
+            return Decision(text=text, action=self.parse_decision(text), constrained=constrained)
+        except ActionParseError as exc:
+            return Decision(text=text, action=None, constrained=constrained, error=str(exc))
+
+    def _parse_json(self, text: str) -> Action:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ActionParseError(f"the decision looks like JSON but is not: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            raise ActionParseError('a JSON decision is {"name": ..., "args": {...}}')
+        spec = self._spec(data["name"])
+        given = data.get("args") or {}
+        if not isinstance(given, dict):
+            raise ActionParseError(f"{spec.name}: args must be an object")
+        extra = sorted(set(given) - {a.name for a in spec.args})
+        missing = [a.name for a in spec.args if a.name not in given]
+        if extra or missing:
+            raise ActionParseError(f"{spec.signature}: missing {missing}, unknown {extra}")
+        args = []
+        for arg in spec.args:
+            value = given[arg.name]
+            where = f"{spec.name}: argument {arg.name!r}"
+            if arg.kind in ("enum", "str"):
+                if not isinstance(value, str):
+                    raise ActionParseError(f"{where} must be a string, got {value!r}")
+                value = self._value(arg, json.dumps(value, ensure_ascii=False), spec)
+            elif arg.kind == "bool" and not isinstance(value, bool) or \
+                    arg.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)) or \
+                    arg.kind == "float" and (isinstance(value, bool)
+                                             or not isinstance(value, (int, float))):
+                raise ActionParseError(f"{where} must be {arg.kind}, got {value!r}")
+            args.append((arg.name, float(value) if arg.kind == "float" else value))
+        return Action(name=spec.name, args=tuple(args), text=text)
+
+    def _spec(self, name: str) -> ActionSpec:
+        for spec in self.actions:
+            if spec.name == name:
+                return spec
+        raise ActionParseError(f"unknown action {name!r}; expected one of {self._names()}")
+
+    def _names(self) -> str:
+        return ", ".join(s.signature for s in self.actions)
+
+    def _value(self, arg: Arg, raw: str, spec: ActionSpec) -> object:
+        where = f"{spec.name}: argument {arg.name!r}"
+        if arg.kind == "enum":
+            value = _unquote(raw) if raw.startswith('"') else raw
+            if value not in arg.values:
+                raise ActionParseError(f"{where} is {value!r}, not one of {list(arg.values)}")
+            return value
+        if arg.kind == "str":
+            if not (raw.startswith('"') and raw.endswith('"') and len(raw) >= 2):
+                raise ActionParseError(f"{where} must be a quoted text, got {_clip(raw)!r}")
+            value = _unquote(raw)
+            if not value:
+                raise ActionParseError(f"{where} is empty")
+            if len(value) > self.max_str_chars:
+                raise ActionParseError(f"{where} has {len(value)} characters, more than "
+                                       f"{self.max_str_chars}")
+            return value
+        if arg.kind == "int":
+            if not _INT.fullmatch(raw):
+                raise ActionParseError(f"{where} must be an integer, got {_clip(raw)!r}")
+            return int(raw)
+        if arg.kind == "float":
+            if not _FLOAT.fullmatch(raw):
+                raise ActionParseError(f"{where} must be a number, got {_clip(raw)!r}")
+            return float(raw)
+        if raw not in ("true", "false"):
+            raise ActionParseError(f"{where} must be true or false, got {_clip(raw)!r}")
+        return raw == "true"
+
+
+class SeenValues:
+    """Enumerations filled from what the state has seen: one regex per enumeration, its first
+    group is a value. Keeps the most recently seen `max_values` per name. Pure."""
+
+    def __init__(self, patterns: Mapping[str, str], *, max_values: int = 64):
+        if max_values < 1:
+            raise ActionSpecError(f"max_values must be >= 1, got {max_values}")
+        self.max_values = max_values
+        self._patterns = {}
+        for name, pattern in patterns.items():
+            try:
+                compiled = re.compile(pattern)
+            except re.error as exc:
+                raise ActionSpecError(f"the pattern of ${name} is not a regex: {exc}") from None
+            if compiled.groups < 1:
+                raise ActionSpecError(f"the pattern of ${name} needs a group: the value")
+            self._patterns[name] = compiled
+        self._values: dict[str, OrderedDict] = {name: OrderedDict() for name in patterns}
+
+    @classmethod
+    def from_params(cls, items: Sequence[str], *, max_values: int = 64) -> "SeenValues":
+        """From `name=regex` strings (ROS parameters are flat)."""
+        patterns = {}
+        for item in items:
+            name, sep, pattern = item.partition("=")
+            if not sep or not _NAME.fullmatch(name.strip()):
+                raise ActionSpecError(f"expected `name=regex`, got {item!r}")
+            patterns[name.strip()] = pattern
+        return cls(patterns, max_values=max_values)
+
+    def observe(self, text: str) -> None:
+        for name, pattern in self._patterns.items():
+            seen = self._values[name]
+            for match in pattern.finditer(text):
+                value = match.group(1)
+                if not value or _STR_FORBIDDEN.search(value):
+                    continue
+                seen.pop(value, None)
+                seen[value] = None
+                while len(seen) > self.max_values:
+                    seen.popitem(last=False)
+
+    def values(self) -> dict[str, tuple[str, ...]]:
+        return {name: tuple(sorted(seen)) for name, seen in self._values.items()}
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+def _parse_spec(text: str) -> ActionSpec:
+    match = _SPEC.fullmatch(text)
+    if match is None:
+        raise ActionSpecError(f"action spec {text!r} is not `name(arg: type, ...)`")
+    name, body = match.group(1), match.group(2).strip()
+    args = []
+    for part in ([p.strip() for p in body.split(",")] if body else []):
+        arg_name, sep, kind = (s.strip() for s in part.partition(":"))
+        if not sep or not _NAME.fullmatch(arg_name) or not kind:
+            raise ActionSpecError(f"in {text!r}: argument {part!r} is not `name: type`")
+        args.append(_make_arg(arg_name, kind, text))
+    names = [a.name for a in args]
+    if len(set(names)) != len(names):
+        raise ActionSpecError(f"in {text!r}: argument names repeat")
+    return ActionSpec(name, tuple(args))
+
+
+def _make_arg(name: str, kind: str, where: str) -> Arg:
+    if kind in ("str", "int", "float", "bool"):
+        return Arg(name, kind)
+    if kind.startswith("$"):
+        if not _NAME.fullmatch(kind[1:]):
+            raise ActionSpecError(f"in {where!r}: {kind!r} is not `$name`")
+        return Arg(name, "enum", source=kind[1:])
+    values = tuple(v.strip() for v in kind.split("|"))
+    if any(not v for v in values):
+        raise ActionSpecError(f"in {where!r}: enumeration {kind!r} has an empty value")
+    for value in values:
+        _check_enum_value(value, where)
+    if len(set(values)) != len(values):
+        raise ActionSpecError(f"in {where!r}: enumeration {kind!r} repeats a value")
+    return Arg(name, "enum", values=values)
+
+
+def _check_enum_value(value: str, where: str) -> None:
+    if _STR_FORBIDDEN.search(value) or "," in value or ")" in value or "(" in value:
+        raise ActionSpecError(f"in {where}: value {value!r} holds a quote, backslash, comma, "
+                              "parenthesis or control character")
+
+
+def _spec_from_schema(branch: dict, i: int) -> ActionSpec:
+    props = branch.get("properties") if isinstance(branch, dict) else None
+    name = ((props or {}).get("name") or {})
+    name = name.get("const", (name.get("enum") or [None])[0])
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ActionSpecError(f"schema branch {i} has no `name` const that is an identifier")
+    arg_props = (((props or {}).get("args") or {}).get("properties")) or {}
+    args = []
+    for arg_name, schema in arg_props.items():
+        if not _NAME.fullmatch(arg_name) or not isinstance(schema, dict):
+            raise ActionSpecError(f"{name}: argument {arg_name!r} is not an identifier")
+        if "enum" in schema:
+            values = tuple(str(v) for v in schema["enum"])
+            for value in values:
+                _check_enum_value(value, f"{name}.{arg_name}")
+            args.append(Arg(arg_name, "enum", values=values))
+            continue
+        kind = {"string": "str", "integer": "int", "number": "float",
+                "boolean": "bool"}.get(schema.get("type"))
+        if kind is None:
+            raise ActionSpecError(f"{name}: argument {arg_name!r} has type "
+                                  f"{schema.get('type')!r}; use string, integer, number, "
+                                  "boolean or an enum")
+        args.append(Arg(arg_name, kind))
+    return ActionSpec(name, tuple(args))
+
+
+def _arg_schema(arg: Arg, max_str_chars: int) -> dict:
+    if arg.kind == "enum":
+        return {"type": "string", "enum": list(arg.values)}
+    if arg.kind == "str":
+        return {"type": "string", "minLength": 1, "maxLength": max_str_chars}
+    return {"type": {"int": "integer", "float": "number", "bool": "boolean"}[arg.kind]}
+
+
+def _split_args(body: str) -> list[str]:
+    """Top-level comma-separated values; commas inside quotes do not split."""
+    body = body.strip()
+    if not body:
+        return []
+    parts, current, quoted = [], [], False
+    for ch in body:
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            parts.append("".join(current).strip())
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current).strip())
+    return parts
+
+
+def _unquote(raw: str) -> str:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        raise ActionParseError(f"{_clip(raw)!r} is not a well-formed quoted text") from None
+    if not isinstance(value, str):
+        raise ActionParseError(f"{_clip(raw)!r} is not a quoted text")
+    return value
+
+
+def _render_enum(value: str) -> str:
+    return value if _BARE.fullmatch(value) else json.dumps(value, ensure_ascii=False)
+
+
+def _render_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return json.dumps(value)
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def _example_value(arg: Arg) -> str:
+    if arg.kind == "enum":
+        return _render_enum(arg.values[0]) if arg.values else arg.name
+    return {"str": '"on my way"', "int": "1", "float": "0.5", "bool": "true"}[arg.kind]
+
+
+def _gbnf_literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _clip(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[:n] + "..."

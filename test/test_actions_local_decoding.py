@@ -1,0 +1,155 @@
+"""Typed actions on the local engine: grammar-masked decoding and closed choices in one pass.
+
+Real SmolLM2 weights and tokenizer, real llguidance masks.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("llguidance")
+
+from csr_ros.actions import Vocabulary  # noqa: E402
+from csr_ros.episode import Episode  # noqa: E402
+from csr_ros.layout import Layout  # noqa: E402
+from csr_ros.state import CsrState  # noqa: E402
+
+OPEN = ["wait()", "look_around()", "go_to(room: kitchen|living_room|hallway|office|garage)",
+        "pick(object: $objects)", "say(text: str)", "turn(degrees: int, fast: bool)",
+        "set_speed(m_per_s: float)"]
+CLOSED = ["wait()", "look_around()", "go_to(room: kitchen|living_room|hallway|office|garage)",
+          "pick(object: $objects)", "place()"]
+TASKS = ["Which action next?", "Alice asks you to say hello. Which action next?",
+         "Turn around quickly. Which action next?", "Slow down to a crawl. Which action next?",
+         "Fetch the apple. Which action next?"]
+
+
+@pytest.fixture(scope="module")
+def resource():
+    from csr_ros.resources.local import LocalResource
+
+    res = LocalResource("smollm2", threads=1, max_context_tokens=2048)
+    yield res
+    res.close()
+
+
+def _state(tokenizer, vocab: Vocabulary, n_chunks: int = 24, seed: int = 0) -> CsrState:
+    profile = ("You are the decision policy of a home service robot.\n" + vocab.describe())
+    state = CsrState(tokenizer=tokenizer, layout=Layout.from_tokenizer(tokenizer),
+                     profile=profile)
+    for item in itertools.islice(Episode(seed).stream(), n_chunks):
+        state.add(item.text, source=item.source)
+    return state
+
+
+def test_every_grammar_decoded_action_parses_and_stops_when_complete(resource):
+    vocab = Vocabulary.parse(OPEN, max_str_chars=16)
+    bound = vocab.bind({"objects": ["apple", "red_mug", "keys"]})
+    constraint = bound.constraint("grammar")
+    state = _state(resource.engine.tokenizer, vocab)
+    resource.load(state.build_request(task="x").static_ids)
+    names = set()
+    for task in TASKS:
+        request = state.build_request(task=task)
+        result = resource.query(request, max_new_tokens=32, constraint=constraint)
+        decision = bound.decide(result.text, constrained=result.constrained,
+                                finish_reason=result.finish_reason)
+        assert decision.valid, (task, result.text, decision.error)
+        assert result.constrained and result.finish_reason == "stop"
+        # It stopped on the action's last token: no end-of-turn token was decoded.
+        assert not set(result.token_ids) & set(resource.engine.eos_ids)
+        assert resource.engine.tokenizer.decode(result.token_ids) == result.text
+        assert result.mask_s > 0
+        names.add(decision.action.name)
+    assert len(names) >= 2, f"every task gave the same action: {names}"
+
+
+def test_a_json_schema_constraint_gives_json_decisions_that_parse(resource):
+    vocab = Vocabulary.parse(OPEN[:4]).bind({"objects": ["apple"]})
+    state = _state(resource.engine.tokenizer, vocab)
+    request = state.build_request(task=TASKS[0])
+    resource.load(request.static_ids)
+    result = resource.query(request, max_new_tokens=48, constraint=vocab.constraint("json"))
+    assert result.text.startswith("{"), result.text
+    assert vocab.decide(result.text, constrained=True, finish_reason=result.finish_reason).valid
+
+
+def test_an_answer_the_budget_cannot_hold_is_reported_incomplete(resource):
+    vocab = Vocabulary.parse(["say(text: str)"], max_str_chars=32)
+    state = _state(resource.engine.tokenizer, vocab, n_chunks=4)
+    request = state.build_request(task="Say a long sentence.")
+    resource.load(request.static_ids)
+    result = resource.query(request, max_new_tokens=2, constraint=vocab.constraint())
+    decision = vocab.decide(result.text, constrained=True, finish_reason=result.finish_reason,
+                            max_new_tokens=2)
+    assert result.finish_reason == "length"
+    assert not decision.valid and decision.error.startswith("incomplete")
+
+
+def test_a_constrained_query_leaves_the_committed_state_and_its_logits_unchanged(resource):
+    vocab = Vocabulary.parse(OPEN).bind({"objects": ["apple"]})
+    state = _state(resource.engine.tokenizer, vocab, n_chunks=8)
+    request = state.build_request(task=TASKS[0])
+    resource.load(request.static_ids)
+    before = resource.engine.snapshot().materialize()
+    plain = resource.query(request, max_new_tokens=6)
+    resource.query(request, max_new_tokens=16, constraint=vocab.constraint())
+    resource.query(request, max_new_tokens=16,
+                   constraint=Vocabulary.parse(CLOSED).bind({"objects": ["apple"]}).constraint())
+    after = resource.engine.snapshot().materialize()
+    assert torch.equal(before.last_logits, after.last_logits)
+    assert before.token_ids == after.token_ids
+    assert resource.query(request, max_new_tokens=6).token_ids == plain.token_ids
+
+
+def test_closed_choices_are_scored_in_one_pass_exactly_as_one_by_one(resource):
+    vocab = Vocabulary.parse(CLOSED)
+    bound = vocab.bind({"objects": ["apple", "red_mug", "keys"]})
+    constraint = bound.constraint()
+    assert constraint.kind == "choice"
+    state = _state(resource.engine.tokenizer, vocab)
+    request = state.build_request(task=TASKS[4])
+    resource.load(request.static_ids)
+    result = resource.query(request, max_new_tokens=8, constraint=constraint)
+    assert result.constrained and result.decode_s == 0.0
+    assert result.text in constraint.choices
+    assert bound.decide(result.text, constrained=True).valid
+    scores = result.choice_logprobs
+    assert result.text == constraint.choices[max(range(len(scores)), key=scores.__getitem__)]
+
+    engine, tok = resource.engine, resource.engine.tokenizer
+    for option, score in zip(constraint.choices, scores):
+        ids = tok.encode_data(option)
+        with engine.scratch():
+            engine.extend(list(request.dynamic_ids))
+            total = 0.0
+            for i, token in enumerate(ids):
+                total += float(engine.last_logits.log_softmax(-1)[token])
+                if i + 1 < len(ids):
+                    engine.extend([token])
+        assert total == pytest.approx(score, abs=2e-3), option
+
+
+def test_options_where_one_is_a_prefix_of_another_are_scored_with_the_end_token(resource):
+    engine = resource.engine
+    tok = engine.tokenizer
+    state = _state(tok, Vocabulary.parse(["wait()"]), n_chunks=4)
+    request = state.build_request(task="Say yes or yes please.")
+    resource.load(request.static_ids)
+    options = ["yes", "yes please"]
+    scores = resource.score_choices(request, options)
+    end = resource._end_id([tok.encode_data(o) for o in options])
+    assert end is not None
+    for option, score in zip(options, scores.logprobs):
+        ids = tok.encode_data(option) + [end]
+        with engine.scratch():
+            engine.extend(list(request.dynamic_ids))
+            total = 0.0
+            for i, token in enumerate(ids):
+                total += float(engine.last_logits.log_softmax(-1)[token])
+                if i + 1 < len(ids):
+                    engine.extend([token])
+        assert total == pytest.approx(score, abs=2e-3), option
