@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 
 from csr_ros.errors import ConfigError
-from csr_ros.render import RenderOptions, normalize_type_name
+from csr_ros.render import EmissionConfig, RenderOptions, emission_kind, normalize_type_name
 
 NODES = ("aggregator", "policy", "reconciler")
 
@@ -86,6 +86,18 @@ SOURCE = [
     _p("fields", "", "comma-separated dotted fields to keep ('' = type summary / all fields)"),
     _p("summarize", True, "use the built-in summary of the type when there is one"),
     _p("instant", False, "a current value for the dynamic suffix instead of history"),
+    _p("event", False, "every message is a chunk: never coalesced, filtered or suppressed "
+       "(speech, detections, action results)"),
+    _p("keepalive_s", -1.0, "send an unchanged value again after this long (0 = never; "
+       "-1 = the type's default)"),
+    _p("deadband_m", -1.0, "Odometry: distance moved; LaserScan: change of the nearest/ahead "
+       "range (relative beyond 1 m) that makes a new chunk (-1 = the type's default)"),
+    _p("deadband_deg", -1.0, "Odometry: turn; Imu: attitude change that makes a new chunk "
+       "(-1 = the type's default)"),
+    _p("deadband_pct", -1.0, "BatteryState: percent step that makes a new chunk (status "
+       "changes always do; -1 = the type's default)"),
+    _p("deadband", -1.0, "other types: change of a numeric field (relative beyond 1) that "
+       "makes a new chunk; Imu: of a rate or acceleration (-1 = the type's default)"),
 ]
 
 STATE = [
@@ -170,6 +182,7 @@ class SourceConfig:
     period_s: float
     instant: bool
     render: RenderOptions
+    emission: EmissionConfig = EmissionConfig()   # resolved: the type's defaults filled in
 
 
 def validate(node: str, values: Mapping[str, Any], *,
@@ -249,9 +262,23 @@ def parse_sources(names: Sequence[str], values: Mapping[str, Any], *,
                                 float_digits=render_defaults.get("float_digits", 3),
                                 max_array=render_defaults.get("max_array", 8),
                                 max_chars=render_defaults.get("max_chars", 2000))
+        emission = EmissionConfig(event=v["event"], keepalive_s=v["keepalive_s"],
+                                  deadband_m=v["deadband_m"], deadband_deg=v["deadband_deg"],
+                                  deadband_pct=v["deadband_pct"], deadband=v["deadband"])
+        try:
+            emission = emission.resolved(emission_kind(type_name, options),
+                                         where=f"aggregator: source.{name}")
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} ({type_name})") from None
+        if emission.event and v["period_s"] > 0:
+            raise ConfigError(f"aggregator: source.{name}: an event source is never coalesced; "
+                              f"set period_s: 0.0 (got {v['period_s']})")
+        if emission.event and v["instant"]:
+            raise ConfigError(f"aggregator: source.{name}: `event` and `instant` exclude each "
+                              "other (an event is history, an instant value is not)")
         sources.append(SourceConfig(name=name, topic=v["topic"], type_name=type_name,
                                     label=v["label"] or name, period_s=v["period_s"],
-                                    instant=v["instant"], render=options))
+                                    instant=v["instant"], render=options, emission=emission))
     topics = [s.topic for s in sources]
     dup = sorted({t for t in topics if topics.count(t) > 1})
     if dup:

@@ -12,8 +12,7 @@ from rosbags.typesys import Stores, get_typestore
 
 from csr_ros.chunklog import ChunkRecord, read_log
 from csr_ros.cli import main
-from csr_ros.errors import ConfigError
-from csr_ros.tools.replay import read_bag, replay_chunks, sources_for
+from csr_ros.tools.replay import make_emitter, read_bag, replay_chunks, sources_for
 
 S = 1_000_000_000
 PARAMS = """
@@ -21,8 +20,8 @@ aggregator:
   ros__parameters:
     sources: [scan, speech, goal]
     source:
-      scan: {topic: /scan, type: sensor_msgs/msg/LaserScan, period_s: 0.25}
-      speech: {topic: /speech, type: std_msgs/msg/String}
+      scan: {topic: /scan, type: sensor_msgs/msg/LaserScan, period_s: 0.25, deadband_m: 0.05}
+      speech: {topic: /speech, type: std_msgs/msg/String, event: true}
       goal: {topic: /goal, type: std_msgs/msg/String, instant: true}
 """
 
@@ -64,20 +63,34 @@ def params(tmp_path):
     return path
 
 
-def test_replay_renders_rate_limited_chunks_on_the_bag_clock(bag, params):
+def test_replay_rate_limits_then_applies_the_deadband_on_the_bag_clock(bag, params):
     sources = sources_for([bag], params, None)
     chunks = list(replay_chunks(read_bag([bag], sources), sources))
     history = [c for c in chunks if not c.instant]
     assert [c.seq for c in history] == list(range(len(history)))
     scans = [c for c in history if c.source == "scan"]
-    # 10 scans over 0.9 s, minimum period 0.25 s: the newest held scan goes out once the
-    # period has elapsed (0.2 s at 0.3 s, ...), and the last one is flushed, never dropped
-    assert [(c.stamp_ns - 100 * S) // (S // 10) for c in scans] == [0, 2, 5, 8, 9]
+    # 10 scans over 0.9 s, the obstacle ahead closing in by 0.1 m a scan; minimum period
+    # 0.25 s: the newest held scan goes on once the period has elapsed (0.2 s at 0.3 s, ...;
+    # the ones it replaced are counted) and the last one is flushed; each changed by more than
+    # the deadband (0.05 m, relative beyond 1 m: 0.1 m at 2 m)
+    assert [(c.t_ns - 100 * S) // (S // 10) for c in scans] == [0, 2, 5, 8, 9]
     assert [c.coalesced for c in scans] == [0, 1, 2, 2, 0]
-    assert scans[0].text == ("scan: stamp_ns=100000000000 frame=laser n=3 valid=3 min_m=2 max_m=4 "
-                             "mean_m=3 nearest_deg=0")
-    assert [c.text for c in history if c.source == "speech"] == ['speech: data="bring me the cup"']
-    assert [(c.text, c.seq) for c in chunks if c.instant] == [("goal: data=kitchen", -1)]
+    assert [c.text for c in scans] == [f"0s scan: nearest {r}m ahead"
+                                       for r in ("2", "1.8", "1.5", "1.2", "1.1")]
+    assert [(c.text, c.reason) for c in history if c.source == "speech"] == \
+        [("0s speech: bring me the cup", "event")]
+    assert [(c.text, c.seq) for c in chunks if c.instant] == [("0s goal: kitchen", -1)]
+
+
+def test_a_wider_deadband_suppresses_the_small_changes_and_counts_them(bag, params, tmp_path):
+    path = tmp_path / "wide.yaml"
+    path.write_text(params.read_text().replace("deadband_m: 0.05", "deadband_m: 0.5"))
+    sources = sources_for([bag], path, None)
+    emitter = make_emitter(sources)
+    scans = [c for c in replay_chunks(read_bag([bag], sources), sources, emitter=emitter)
+             if c.source == "scan"]
+    assert [c.text for c in scans] == ["0s scan: nearest 2m ahead"]
+    assert emitter.stats["scan"].suppressed == 4 and emitter.stats["scan"].coalesced == 5
 
 
 def test_without_params_every_topic_is_a_source(bag):
@@ -97,8 +110,17 @@ def test_replay_command_writes_jsonl_and_a_chunk_log(bag, params, tmp_path, caps
     assert "chunks from 3 topics" in capsys.readouterr().err
 
 
-def test_a_source_whose_type_differs_from_the_bag_is_a_config_error(bag, tmp_path):
+def test_a_source_whose_type_differs_from_the_bag_renders_as_the_bags_type_with_a_warning(
+        bag, tmp_path, capsys):
     path = tmp_path / "params.yaml"
-    path.write_text(PARAMS.replace("sensor_msgs/msg/LaserScan", "nav_msgs/msg/Odometry"))
-    with pytest.raises(ConfigError, match=r"/scan is sensor_msgs/msg/LaserScan in the bag"):
-        sources_for([bag], path, None)
+    path.write_text(PARAMS.replace("sensor_msgs/msg/LaserScan", "nav_msgs/msg/Odometry")
+                    .replace(", deadband_m: 0.05", ""))
+    sources = sources_for([bag], path, None)
+    assert sources["/scan"].type_name == "sensor_msgs/msg/LaserScan"
+    assert "/scan is sensor_msgs/msg/LaserScan in the bag" in capsys.readouterr().err
+    first = next(replay_chunks(read_bag([bag], sources), sources))
+    assert first.text == "0s scan: nearest 2m ahead"
+
+
+def test_a_missing_bag_is_a_config_error(tmp_path):
+    assert main(["replay", str(tmp_path / "nope")]) == 2

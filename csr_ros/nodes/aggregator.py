@@ -1,8 +1,8 @@
 """The aggregator node: the robot's topics → rendered, rate-limited StateChunks.
 
     subscriptions (one per source, QoS matched to the publishers as `ros2 topic echo` does)
-      → Coalescer (per-source minimum period, newest value kept)
-      → render (compact, stable text)
+      → Emitter (per source: minimum period, deadband, keep-alive, events never dropped;
+                 compact text with the episode time; the same object `csr-ros replay` uses)
       → csr/chunks   StateChunk, gap-free seq          (history)
         csr/instant  StateChunk                        ('instant' sources: the dynamic suffix)
     csr/get_chunks   GetChunks: a bounded ring, then the chunk log, for late joiners
@@ -27,7 +27,7 @@ from csr_ros.errors import ConfigError, MessageTypeNotInstalledError
 from csr_ros.msg import StateChunk
 from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS, declare,
                                   resolve_message_type, run, time_msg)
-from csr_ros.render import Coalescer, Emission, header_stamp_ns, render
+from csr_ros.render import Emitted, Emitter
 from csr_ros.ros_params import QosChoice, SourceConfig, match_publishers
 from csr_ros.srv import GetChunks
 from csr_ros.state import Chunk, Seq
@@ -68,7 +68,7 @@ class AggregatorNode(Node):
             raise ConfigError("aggregator: none of the sources can be subscribed: " +
                               "; ".join(f"{k}: {v}" for k, v in self.skipped.items()))
 
-        self.coalescer = Coalescer({s.name: s.period_s for s in self.sources.values()})
+        self.emitter = Emitter(self.sources.values())
         self.ring: deque[StateChunk] = deque(maxlen=self.params["ring_size"])
         self.chunk_log = ChunkLog(self.params["chunk_log"]) if self.params["chunk_log"] else None
         self.next_seq = self._restore_seq()
@@ -134,29 +134,29 @@ class AggregatorNode(Node):
 
     def message_callback(self, source_name: str, msg) -> None:
         now_ns = self.get_clock().now().nanoseconds
-        emission = self.coalescer.offer(source_name, (msg, now_ns), now_ns)
-        if emission is not None:
-            self._publish(emission)
+        self._publish_all(self.emitter.offer(source_name, msg, now_ns))
 
     def poll_callback(self) -> None:
-        for emission in self.coalescer.poll(self.get_clock().now().nanoseconds):
-            self._publish(emission)
+        self._publish_all(self.emitter.poll(self.get_clock().now().nanoseconds))
 
-    def _publish(self, emission: Emission) -> None:
-        source = self.sources[emission.key]
-        msg, received_ns = emission.value
-        try:
-            text = render(msg, label=source.label, type_name=source.type_name,
-                          options=source.render)
-        except ConfigError as exc:
+    def _publish_all(self, emitted: list[Emitted]) -> None:
+        for jump in self.emitter.pop_time_jumps():
+            self.get_logger().warning(f"{jump.source}: the clock went back {jump.back_s:.1f} s "
+                                      "(bag loop or simulator reset); its deadband and "
+                                      "keep-alive state was reset")
+        for name, error in self.emitter.pop_errors():
             # a field selection that does not fit the message: counted and logged, never silent
-            count = self.render_errors[source.name] = self.render_errors.get(source.name, 0) + 1
-            self.get_logger().error(f"{source.name}: cannot render ({count} so far): {exc}",
+            count = self.render_errors[name] = self.render_errors.get(name, 0) + 1
+            self.get_logger().error(f"{name}: cannot render ({count} so far): {error}",
                                     throttle_duration_sec=10.0)
-            return
-        stamp_ns = header_stamp_ns(msg) or received_ns
+        for e in emitted:
+            self._publish(e)
+
+    def _publish(self, e: Emitted) -> None:
+        source = self.sources[e.source]
+        text, stamp_ns = e.text, e.stamp_ns
         out = StateChunk(stamp=time_msg(stamp_ns), source=source.name, text=text,
-                         token_count=0, coalesced=emission.n_coalesced)
+                         token_count=0, coalesced=e.n_skipped)
         if source.instant:
             out.seq = next(self.instant_seq)
             self.instant_pub.publish(out)
@@ -227,8 +227,7 @@ class AggregatorNode(Node):
 
     def close(self) -> None:
         if self.context.ok():          # still up (not stopped by Ctrl-C): send what is held
-            for emission in self.coalescer.flush(self.get_clock().now().nanoseconds):
-                self._publish(emission)
+            self._publish_all(self.emitter.flush(self.get_clock().now().nanoseconds))
         if self.chunk_log is not None:
             self.chunk_log.close()
 

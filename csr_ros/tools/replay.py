@@ -1,12 +1,17 @@
-"""`csr-ros replay BAG`: render a recorded bag into chunks with the aggregator's renderer.
+"""`csr-ros replay BAG`: render a recorded bag into chunks with the aggregator's emitter.
 
     csr-ros replay run1/                                   every topic, printed one per line
-    csr-ros replay run1/ --params config/csr_ros.yaml      the aggregator's sources and periods
+    csr-ros replay run1/ --params config/csr_ros.yaml      the aggregator's sources and policy
+    csr-ros replay run1/ --params config/csr_ros.yaml --stats --json stats.json
     csr-ros replay run1.bag --jsonl chunks.jsonl --chunk-log chunks.log
 
-rosbag2 (sqlite3, mcap) and ROS 1 bags are read with rosbags (no ROS install needed). Rate
-limits run on the bag's clock, so the chunks are the ones the aggregator would have published
-live. A chunk log written here can seed a reconciler (its `chunk_log` parameter).
+rosbag2 (sqlite3, mcap) and ROS 1 bags are read with rosbags (no ROS install needed); custom
+message types are learnt from the bag. Minimum periods, deadbands and keep-alives run on the
+bag's clock with the same `Emitter` the aggregator node uses, so the chunks are the ones the
+aggregator would have published live. `--stats` counts, per source, the messages, chunks,
+tokens (of the policy model's tokenizer, SmolLM2 by default), tokens per second of robot time
+and the messages coalesced or suppressed, and how many minutes of the bag the reconciler's
+`tau_mem_tokens` holds. A chunk log written here can seed a reconciler (its `chunk_log`).
 """
 
 from __future__ import annotations
@@ -14,57 +19,62 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from csr_ros.errors import ConfigError
-from csr_ros.render import Coalescer, Emission, RenderOptions, header_stamp_ns, render
-from csr_ros.ros_params import SourceConfig, load_params_file, validate
+from csr_ros.render import EmissionConfig, Emitted, Emitter, RenderOptions, emission_kind
+from csr_ros.ros_params import SCHEMAS, SourceConfig, load_params_file, validate
+
+DEFAULT_TAU_MEM_TOKENS = next(s.default for s in SCHEMAS["reconciler"]
+                              if s.name == "tau_mem_tokens")
 
 
 @dataclass(frozen=True)
 class ReplayedChunk:
     seq: int              # gap-free over history chunks; -1 for instant values
     source: str
-    stamp_ns: int
+    stamp_ns: int         # header stamp, else bag time
+    t_ns: int             # bag time of the message
     text: str
-    coalesced: int
+    coalesced: int        # messages replaced while held by the minimum period
+    suppressed: int       # unchanged messages since the source's previous chunk
+    reason: str           # first | change | keepalive | event | instant
     instant: bool
 
 
-def replay_chunks(messages: Iterable[tuple[str, int, Any]],
-                  sources: Mapping[str, SourceConfig]) -> Iterator[ReplayedChunk]:
+def make_emitter(sources: Mapping[str, SourceConfig]) -> Emitter:
+    return Emitter(sources.values())
+
+
+def replay_chunks(messages: Iterable[tuple[str, int, Any]], sources: Mapping[str, SourceConfig],
+                  *, emitter: Emitter | None = None) -> Iterator[ReplayedChunk]:
     """(topic, bag time ns, message) in bag order → chunks, as the aggregator makes them."""
-    by_name = {s.name: s for s in sources.values()}
-    coalescer = Coalescer({s.name: s.period_s for s in sources.values()})
+    by_topic = {topic: s.name for topic, s in sources.items()}
+    emitter = emitter or make_emitter(sources)
     seq = 0
 
-    def emit(emission: Emission) -> ReplayedChunk:
+    def chunk(e: Emitted) -> ReplayedChunk:
         nonlocal seq
-        source = by_name[emission.key]
-        msg, received_ns = emission.value
-        text = render(msg, label=source.label, type_name=source.type_name, options=source.render)
-        stamp_ns = header_stamp_ns(msg) or received_ns
-        chunk = ReplayedChunk(seq=-1 if source.instant else seq, source=source.name,
-                              stamp_ns=stamp_ns, text=text, coalesced=emission.n_coalesced,
-                              instant=source.instant)
-        seq += not source.instant
-        return chunk
+        out = ReplayedChunk(seq=-1 if e.instant else seq, source=e.source, stamp_ns=e.stamp_ns,
+                            t_ns=e.now_ns, text=e.text, coalesced=e.n_coalesced,
+                            suppressed=e.n_suppressed, reason=e.reason, instant=e.instant)
+        seq += not e.instant
+        return out
 
     last_ns = 0
     for topic, t_ns, msg in messages:
-        source = sources.get(topic)
-        if source is None:
+        name = by_topic.get(topic)
+        if name is None:
             continue
-        last_ns = t_ns
-        for emission in coalescer.poll(t_ns):
-            yield emit(emission)
-        emission = coalescer.offer(source.name, (msg, t_ns), t_ns)
-        if emission is not None:
-            yield emit(emission)
-    for emission in coalescer.flush(last_ns):
-        yield emit(emission)
+        last_ns = max(last_ns, t_ns)
+        for e in emitter.poll(t_ns):
+            yield chunk(e)
+        for e in emitter.offer(name, msg, t_ns):
+            yield chunk(e)
+    for e in emitter.flush(last_ns):
+        yield chunk(e)
 
 
 def read_bag(paths: list[Path], topics: Iterable[str]) -> Iterator[tuple[str, int, Any]]:
@@ -79,11 +89,20 @@ def read_bag(paths: list[Path], topics: Iterable[str]) -> Iterator[tuple[str, in
 
 
 def bag_topics(paths: list[Path]) -> dict[str, str]:
+    return bag_info(paths)[0]
+
+
+def bag_info(paths: list[Path]) -> tuple[dict[str, str], dict[str, int], float]:
+    """topic → type, topic → message count, and the bag's duration in seconds."""
     from rosbags.highlevel import AnyReader
     from rosbags.typesys import Stores, get_typestore
 
     with AnyReader(paths, default_typestore=get_typestore(Stores.ROS2_JAZZY)) as reader:
-        return {c.topic: c.msgtype for c in reader.connections}
+        counts: dict[str, int] = {}
+        for c in reader.connections:
+            counts[c.topic] = counts.get(c.topic, 0) + (c.msgcount or 0)
+        duration_s = (reader.end_time - reader.start_time) / 1e9 if counts else 0.0
+        return {c.topic: c.msgtype for c in reader.connections}, counts, duration_s
 
 
 def sources_for(paths: list[Path], params_file: Path | None,
@@ -95,14 +114,18 @@ def sources_for(paths: list[Path], params_file: Path | None,
         if "aggregator" not in nodes:
             raise ConfigError(f"{params_file}: no `aggregator` section")
         sources = {s.topic: s for s in validate("aggregator", nodes["aggregator"])["sources"]}
-        for topic, source in sources.items():
+        for topic, source in list(sources.items()):
             if topic in in_bag and in_bag[topic] != source.type_name:
-                raise ConfigError(f"source {source.name}: {topic} is {in_bag[topic]} in the bag, "
-                                  f"not {source.type_name}")
+                sources[topic] = retyped(source, in_bag[topic])
+                print(f"warning: source {source.name}: {topic} is {in_bag[topic]} in the bag, "
+                      f"not {source.type_name}; rendering it as {in_bag[topic]}"
+                      + (" (deadbands: the type's defaults)" if not source.emission.event
+                         else ""), file=sys.stderr)
     else:
         sources = {t: SourceConfig(name=t.strip("/").replace("/", "_") or "root", topic=t,
                                    type_name=m, label=t.strip("/").replace("/", "_") or "root",
-                                   period_s=0.0, instant=False, render=RenderOptions())
+                                   period_s=0.0, instant=False, render=RenderOptions(),
+                                   emission=EmissionConfig().resolved(emission_kind(m)))
                    for t, m in in_bag.items()}
     if topics:
         missing = sorted(set(topics) - set(sources))
@@ -113,16 +136,105 @@ def sources_for(paths: list[Path], params_file: Path | None,
     return sources
 
 
+def retyped(source: SourceConfig, type_name: str) -> SourceConfig:
+    """The source with the bag's message type (deadbands fall back to that type's defaults)."""
+    e = source.emission
+    emission = EmissionConfig(event=e.event, keepalive_s=e.keepalive_s).resolved(
+        emission_kind(type_name, source.render), where=f"source.{source.name}")
+    return replace(source, type_name=type_name, emission=emission)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bag", type=Path, nargs="+",
                         help="rosbag2 directory/file or ROS 1 .bag (several for split bags)")
     parser.add_argument("--params", type=Path, default=None,
-                        help="parameters file: use its aggregator sources (topics, periods)")
+                        help="parameters file: use its aggregator sources (topics, periods, "
+                             "deadbands, keep-alives, events) and its reconciler's tau_mem")
     parser.add_argument("--topics", nargs="+", default=None, help="only these topics")
     parser.add_argument("--jsonl", type=Path, default=None, help="write chunks as JSON lines")
     parser.add_argument("--chunk-log", type=Path, default=None,
                         help="append the history chunks to this chunk log")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many chunks")
+    parser.add_argument("--stats", action="store_true",
+                        help="print per-source chunks, tokens, tokens per robot-second, "
+                             "coalesced and suppressed messages (instead of the chunks)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write the statistics as JSON to this file (implies counting)")
+    parser.add_argument("--model", default="smollm2",
+                        help="model directory (or 'smollm2') whose tokenizer counts the tokens")
+
+
+@dataclass
+class SourceTally:
+    topic: str
+    type_name: str
+    event: bool
+    bag_messages: int = 0
+    chunks: int = 0
+    tokens: int = 0
+    instant_chunks: int = 0
+
+
+def tau_mem_tokens(params_file: Path | None) -> int:
+    if params_file is None:
+        return DEFAULT_TAU_MEM_TOKENS
+    nodes = load_params_file(params_file)
+    if "reconciler" not in nodes:
+        return DEFAULT_TAU_MEM_TOKENS
+    return int(validate("reconciler", nodes["reconciler"])["tau_mem_tokens"])
+
+
+def stats_report(tallies: Mapping[str, SourceTally], emitter: Emitter, duration_s: float,
+                 tau_mem: int, bag: list[Path], params: Path | None, n_jumps: int) -> dict:
+    """The numbers `--stats` prints and `--json` writes (history chunks; instant ones apart)."""
+    per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: 0.0)
+    sources = {}
+    for name, t in tallies.items():
+        st = emitter.stats[name]
+        sources[name] = {
+            "topic": t.topic, "type": t.type_name, "event": t.event,
+            "bag_messages": t.bag_messages, "messages": st.received, "chunks": t.chunks,
+            "instant_chunks": t.instant_chunks, "tokens": t.tokens,
+            "tokens_per_s": round(per_s(t.tokens), 3),
+            "tokens_per_chunk": round(t.tokens / t.chunks, 2) if t.chunks else 0.0,
+            "coalesced": st.coalesced, "suppressed": st.suppressed,
+            "time_resets": st.time_resets, "render_errors": st.render_errors}
+    tokens = sum(t.tokens for t in tallies.values())
+    rate = per_s(tokens)
+    return {
+        "bag": [str(p) for p in bag], "params": str(params) if params else None,
+        "robot_time_s": round(duration_s, 3),
+        "totals": {"messages": sum(s["messages"] for s in sources.values()),
+                   "chunks": sum(t.chunks for t in tallies.values()), "tokens": tokens,
+                   "tokens_per_s": round(rate, 3),
+                   "coalesced": sum(s["coalesced"] for s in sources.values()),
+                   "suppressed": sum(s["suppressed"] for s in sources.values()),
+                   "time_resets": n_jumps},
+        "tau_mem_tokens": tau_mem,
+        "tau_mem_minutes": round(tau_mem / rate / 60.0, 2) if rate > 0 else None,
+        "sources": sources,
+    }
+
+
+def print_stats(report: dict) -> None:
+    rows = [("source", "type", "msgs", "chunks", "tokens", "tok/s", "tok/chunk", "coalesced",
+             "suppressed")]
+    for name, s in report["sources"].items():
+        rows.append((name + (" (event)" if s["event"] else ""), s["type"].split("/")[-1],
+                     str(s["messages"]), str(s["chunks"] + s["instant_chunks"]),
+                     str(s["tokens"]), f"{s['tokens_per_s']:.2f}", f"{s['tokens_per_chunk']:.1f}",
+                     str(s["coalesced"]), str(s["suppressed"])))
+    t = report["totals"]
+    rows.append(("total", "", str(t["messages"]), str(t["chunks"]), str(t["tokens"]),
+                 f"{t['tokens_per_s']:.2f}", "", str(t["coalesced"]), str(t["suppressed"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(r, widths))))
+    minutes = report["tau_mem_minutes"]
+    print(f"robot time {report['robot_time_s']:.1f} s; tau_mem {report['tau_mem_tokens']} tokens "
+          f"holds {minutes if minutes is not None else 'all'} minutes of it"
+          + (f"; clock went backwards {t['time_resets']} times" if t["time_resets"] else ""))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,7 +242,20 @@ def run(args: argparse.Namespace) -> int:
         if not path.exists():
             raise ConfigError(f"bag {path} does not exist")
     sources = sources_for(args.bag, args.params, args.topics)
-    chunks = replay_chunks(read_bag(args.bag, sources), sources)
+    counting = args.stats or args.json is not None
+    tokenizer = None
+    if counting:
+        from csr_ros.model_store import resolve_model_dir
+        from csr_ros.tokenizer import HFTokenizer
+
+        tokenizer = HFTokenizer(resolve_model_dir(args.model, weights=False))
+        tau_mem = tau_mem_tokens(args.params)
+    _, bag_counts, duration_s = bag_info(args.bag)
+    emitter = make_emitter(sources)
+    chunks = replay_chunks(read_bag(args.bag, sources), sources, emitter=emitter)
+    tallies = {s.name: SourceTally(topic=t, type_name=s.type_name, event=s.emission.event,
+                                   bag_messages=bag_counts.get(t, 0))
+               for t, s in sources.items()}
     out = args.jsonl.open("w", encoding="utf-8") if args.jsonl else None
     log = None
     if args.chunk_log is not None:
@@ -141,12 +266,27 @@ def run(args: argparse.Namespace) -> int:
             log.close()
             raise ConfigError(f"chunk log {args.chunk_log} already holds records; replay into a "
                               "new file so its seqs start at 0")
-    n = 0
+    n, n_jumps = 0, 0
     try:
         for chunk in chunks:
+            for jump in emitter.pop_time_jumps():
+                n_jumps += 1
+                print(f"warning: {jump.source}: the clock went back {jump.back_s:.1f} s; its "
+                      "state was reset", file=sys.stderr)
+            for source, error in emitter.pop_errors():
+                print(f"warning: {source}: cannot render: {error}", file=sys.stderr)
+            tally = tallies[chunk.source]
+            if chunk.instant:
+                tally.instant_chunks += 1
+            else:
+                tally.chunks += 1
+                if tokenizer is not None:
+                    from csr_ros.chunks import normalize
+
+                    tally.tokens += len(tokenizer.encode_data(normalize(chunk.text)))
             if out is not None:
                 out.write(json.dumps(vars(chunk), ensure_ascii=False) + "\n")
-            else:
+            elif not counting:
                 print(f"{'instant' if chunk.instant else chunk.seq:>7} {chunk.text}")
             if log is not None and not chunk.instant:
                 from csr_ros.state import Chunk, Seq
@@ -161,5 +301,16 @@ def run(args: argparse.Namespace) -> int:
             out.close()
         if log is not None:
             log.close()
+    for jump in emitter.pop_time_jumps():
+        n_jumps += 1
+        print(f"warning: {jump.source}: the clock went back {jump.back_s:.1f} s; its state was "
+              "reset", file=sys.stderr)
+    if counting:
+        report = stats_report(tallies, emitter, duration_s, tau_mem, args.bag, args.params,
+                              n_jumps)
+        if args.stats:
+            print_stats(report)
+        if args.json is not None:
+            args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(f"{n} chunks from {len(sources)} topics", file=sys.stderr)
     return 0
