@@ -110,7 +110,8 @@ ROOMS = (
          (("keys", 0.7, 0.2), ("glasses", 4.2, 2.9), ("backpack", 1.5, 3.3))),
     Room("office", 5.0, -1.0, 9.0, HALL_Y0, 7.0,
          (("laptop", 6.0, -0.3), ("phone", 8.4, 0.6), ("plant", 5.5, 3.4))),
-    Room("bathroom", 9.0, -1.0, 12.0, HALL_Y0, 10.5, (("towel", 11.4, -0.4), ("toothbrush", 9.6, 0.3))),
+    Room("bathroom", 9.0, -1.0, 12.0, HALL_Y0, 10.5,
+         (("towel", 11.4, -0.4), ("toothbrush", 9.6, 0.3))),
 )
 ROOM_BY_NAME = {r.name: r for r in ROOMS}
 DOCK_XY = (11.0, 10.0)
@@ -236,7 +237,8 @@ class _World:
             err = math.atan2(math.sin(heading - self.pose.yaw), math.cos(heading - self.pose.yaw))
             self._step(DRIVE_MPS, max(-TURN_RPS, min(TURN_RPS, 2.0 * err)))
 
-    def _waypoints(self, target: tuple[float, float], target_room: str) -> list[tuple[float, float]]:
+    def _waypoints(self, target: tuple[float, float],
+                   target_room: str) -> list[tuple[float, float]]:
         here = room_at(self.pose.x, self.pose.y)
         hall_y = (HALL_Y0 + HALL_Y1) / 2
         points: list[tuple[float, float]] = []
@@ -421,7 +423,6 @@ def _scan_ranges(pose: _Pose, rng: np.random.Generator) -> np.ndarray:
                                                                np.inf))
     t = np.minimum(tx, ty)
     hit_x = pose.x + t * dx
-    hits_hall_wall = (ty < tx) & (((dy > 0) & (room.y1 == HALL_Y0)) | ((dy < 0) & (room.y0 == HALL_Y1)))
     if room.name == "hallway":
         doors = np.zeros_like(t, dtype=bool)
         for other in ROOMS[1:]:
@@ -429,7 +430,6 @@ def _scan_ranges(pose: _Pose, rng: np.random.Generator) -> np.ndarray:
     else:
         doors = (ty < tx) & (np.abs(hit_x - room.door_x) < 0.45) & (
             ((dy < 0) & (room.y0 == HALL_Y1)) | ((dy > 0) & (room.y1 == HALL_Y0)))
-    del hits_hall_wall
     t = np.where(doors, t + 2.0 + 3.0 * np.abs(np.sin(angles)), t)   # the space beyond a door
     for _, ox, oy in room.objects:                                  # objects: 0.25 m cylinders
         fx, fy = ox - pose.x, oy - pose.y
@@ -615,7 +615,8 @@ def generate_patrol(out: str | Path, *, duration_s: float = 600.0, seed: int = 0
     hz = {TOPIC_ODOM: ODOM_HZ, TOPIC_SCAN: SCAN_HZ, TOPIC_BATTERY: BATTERY_HZ}
     truth = PatrolTruth(
         duration_s=round(duration, 3), seed=seed, storage=storage, start_ns=START_NS,
-        topics={t: {"type": m, "count": counts[t], "hz": hz.get(t)} for t, m in TOPIC_TYPES.items()},
+        topics={t: {"type": m, "count": counts[t], "hz": hz.get(t)}
+                for t, m in TOPIC_TYPES.items()},
         events=events, bag_path=str(out))
     (out / GROUND_TRUTH_FILE).write_text(json.dumps(truth.to_json(), indent=1) + "\n",
                                          encoding="utf-8")
