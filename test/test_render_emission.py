@@ -148,16 +148,17 @@ def test_odometry_that_moved_turned_or_started_moving_makes_a_chunk():
     e = Emitter([source("odom", "nav_msgs/msg/Odometry", deadband_m=1.0, deadband_deg=30.0,
                         keepalive_s=0.0)])
     texts = [c.text for c in feed(e, "odom", [
-        odom(), odom(v=0.4),                       # starts moving
-        odom(x=0.5, v=0.4), odom(x=1.2, v=0.4),    # moved 1.2 m since the last chunk
+        odom(), odom(v=0.4), odom(x=0.1, v=0.4),   # starts moving (two values agree)
+        odom(x=0.6, v=0.4), odom(x=1.2, v=0.4),    # moved 1.1 m since the last chunk
         odom(x=1.2, w=0.8),                        # turning in place: the state says it
+        odom(x=1.2, yaw=0.5, w=0.8),
         odom(x=1.2, yaw=1.0, w=0.8),               # still turning: no chunk per degree
-        odom(x=1.2, yaw=1.57),                     # stopped, heading 90
+        odom(x=1.2, yaw=1.57), odom(x=1.2, yaw=1.57),   # stopped: turned 61 degrees
         odom(x=1.2, yaw=1.60)])]                   # 2 degrees: inside the deadband
-    assert texts == ["0s odom: at 0,0 heading 0 stopped", "1s odom: at 0,0 heading 0 moving",
-                     "3s odom: at 1.2,0 heading 0 moving",
-                     "4s odom: at 1.2,0 heading 0 turning left",
-                     "6s odom: at 1.2,0 heading 90 stopped"]
+    assert texts == ["0s odom: at 0,0 heading 0 stopped", "2s odom: at 0.1,0 heading 0 moving",
+                     "4s odom: at 1.2,0 heading 0 moving",
+                     "6s odom: at 1.2,0 heading 29 turning left",
+                     "8s odom: at 1.2,0 heading 90 stopped"]
 
 
 def test_an_unchanged_value_is_sent_again_once_the_keepalive_has_passed():
@@ -310,13 +311,16 @@ def test_replay_stats_give_tokens_per_robot_second_per_source_and_the_minutes_ta
         tmp_path, capsys):
     bag = tmp_path / "bag"
     truth = patrol.generate_patrol(bag, duration_s=120.0, seed=5)
-    out = tmp_path / "stats.json"
-    assert cli_main(["replay", str(bag), "--params", CONFIG, "--stats", "--json", str(out)]) == 0
+    out, png = tmp_path / "stats.json", tmp_path / "tokens.png"
+    assert cli_main(["replay", str(bag), "--params", CONFIG, "--stats", "--json", str(out),
+                     "--plot", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
     printed = capsys.readouterr().out
     assert "tau_mem 6144 tokens holds" in printed and "odom" in printed
     report = json.loads(out.read_text())
     s = report["sources"]
-    assert s["speech"]["chunks"] == truth.event_counts["utterance"]
+    assert s["speech"]["chunks"] == truth.event_counts["utterance"] == s["speech"]["bag_messages"]
+    assert report["topics_not_rendered"] == {}
     assert s["odom"]["messages"] == s["odom"]["bag_messages"] == 1200
     assert s["odom"]["coalesced"] + s["odom"]["suppressed"] + s["odom"]["chunks"] == 1200
     total = sum(v["tokens"] for v in s.values())
@@ -329,8 +333,8 @@ def test_replay_stats_give_tokens_per_robot_second_per_source_and_the_minutes_ta
 
 def test_velocity_noise_around_the_threshold_does_not_flap_between_stopped_and_moving():
     e = Emitter([source("odom", "nav_msgs/msg/Odometry", keepalive_s=0.0)])
-    speeds = [0.0, 0.06] + [0.03, 0.045, 0.028, 0.04] * 5 + [0.01]   # starts, noise, stops
-    out = feed(e, "odom", [odom(v=v) for v in speeds])
+    speeds = [0.0, 0.07, 0.0, 0.06, 0.06] + [0.03, 0.045, 0.028, 0.04] * 5 + [0.01, 0.0]
+    out = feed(e, "odom", [odom(v=v) for v in speeds])     # a spike, starts, noise, stops
     assert [c.text.split()[-1] for c in out] == ["stopped", "moving", "stopped"]
 
 
@@ -367,3 +371,31 @@ def test_the_same_patrol_renders_to_the_same_chunks_from_real_rclpy_messages_and
     assert {"odom", "scan", "battery", "nav_status", "actions"} <= {
         t.split(" ")[1].rstrip(":") for t in from_bag}
     assert not any(CONSTANT.search(t) for t in from_bag)
+
+
+def test_the_default_odometry_source_keeps_a_fast_noisy_curving_robot_to_few_chunks(tokenizer):
+    """50 Hz, 3 cm pose noise, 0.02 m/s velocity noise, circles of 3 m at 0.5 m/s, then still."""
+    odom_source = next(s for s in sources_for_config() if s.name == "odom")
+    e = Emitter([odom_source])
+    rng = np.random.default_rng(3)
+    chunks = []
+    for i in range(50 * 300):
+        t_s = i / 50
+        driving = t_s < 240
+        angle = 0.5 / 3.0 * min(t_s, 240)
+        msg = odom(x=3 * math.sin(angle) + rng.normal(0, 0.03),
+                   y=3 - 3 * math.cos(angle) + rng.normal(0, 0.03),
+                   yaw=angle + rng.normal(0, 0.02),
+                   v=(0.5 if driving else 0.0) + rng.normal(0, 0.02),
+                   w=(0.5 / 3 if driving else 0.0) + rng.normal(0, 0.02))
+        chunks += e.poll(int(t_s * S)) + e.offer("odom", msg, int(t_s * S))
+    tokens = sum(len(tokenizer.encode_data(c.text + "\n")) for c in chunks)
+    assert len(chunks) <= 240 / 3 + 60 / 60 + 2           # under one every 3 s while driving
+    assert tokens / 300 <= 6.0
+    assert chunks[-1].text.endswith("stopped")
+
+
+def sources_for_config():
+    from csr_ros.ros_params import load_params_file
+
+    return validate("aggregator", load_params_file(CONFIG)["aggregator"])["sources"]

@@ -13,7 +13,7 @@ Per source, in this order:
    from the last chunk's by more than a deadband, or when `keepalive_s` has passed since the
    last chunk. Otherwise it is suppressed and counted; the next chunk carries the count.
    Odometry: moved `deadband_m`, turned `deadband_deg` (not while turning in place), or its
-   motion changed between stopped, turning and moving. LaserScan: the nearest range changed by
+   motion changed between stopped, turning and moving (two values in a row). LaserScan: the nearest range changed by
    `deadband_m` (relative beyond 1 m), or something came within 1 m ahead or left.
    BatteryState: `deadband_pct` percent, or a status/health change. Imu: `deadband_deg` of
    attitude or `deadband` of a rate or acceleration. Every other type (custom ones too): a
@@ -121,11 +121,14 @@ def _is_num(v: Any) -> bool:
 
 
 def changed(kind: str, cfg: EmissionConfig, old: Mapping[str, Any],
-            new: Mapping[str, Any]) -> bool:
-    """Whether `new` features differ from `old` by more than the source's deadbands."""
+            new: Mapping[str, Any], seen: Mapping[str, Any] | None = None) -> bool:
+    """Whether `new` features differ from `old` (the last chunk's) by more than the source's
+    deadbands; `seen` are the features of the value before `new` (None: not known)."""
     if kind == "odometry":
+        # a new motion state counts once two values in a row agree on it (velocity noise);
         # while turning in place the state says so: the new heading comes when the turn ends
-        return (old.get("motion") != new.get("motion")
+        confirmed = seen is None or seen.get("motion") == new.get("motion")
+        return (old.get("motion") != new.get("motion") and confirmed
                 or math.dist((old["x_m"], old["y_m"]), (new["x_m"], new["y_m"])) > cfg.deadband_m
                 or (new.get("motion") != "turning"
                     and _angle_diff_deg(old["yaw_deg"], new["yaw_deg"]) > cfg.deadband_deg))
@@ -207,6 +210,7 @@ class _State:
     n_held: int = 0                        # values replaced while held
     last_emit_ns: int | None = None
     last_features: Mapping[str, Any] | None = None
+    seen_features: Mapping[str, Any] | None = None   # of the value before, chunk or not
     n_coalesced: int = 0                   # since the last chunk
     n_suppressed: int = 0
     usual_frame: str | None = None
@@ -331,13 +335,14 @@ class Emitter:
             stats.render_errors += 1
             self._errors.append((name, str(exc)))
             return []
+        seen, st.seen_features = st.seen_features, summary.features
         if source.instant:
             reason = "instant"
         elif st.cfg.event:
             reason = "event"
         elif st.last_features is None:
             reason = "first"
-        elif changed(st.kind, st.cfg, st.last_features, summary.features):
+        elif changed(st.kind, st.cfg, st.last_features, summary.features, seen):
             reason = "change"
         elif st.cfg.keepalive_s > 0 and \
                 received_ns - st.last_emit_ns >= st.cfg.keepalive_s * 1e9:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+import numpy as np
+
 from csr_ros.errors import ConfigError
 from csr_ros.render import EmissionConfig, Emitted, Emitter, RenderOptions, emission_kind
 from csr_ros.ros_params import SCHEMAS, SourceConfig, load_params_file, validate
@@ -121,6 +123,10 @@ def sources_for(paths: list[Path], params_file: Path | None,
                       f"not {source.type_name}; rendering it as {in_bag[topic]}"
                       + (" (deadbands: the type's defaults)" if not source.emission.event
                          else ""), file=sys.stderr)
+        unread = {t: m for t, m in in_bag.items() if t not in sources}
+        if unread and not topics:
+            print("note: bag topics that are not sources of the params file (not rendered): "
+                  + ", ".join(f"{t} ({m})" for t, m in sorted(unread.items())), file=sys.stderr)
     else:
         sources = {t: SourceConfig(name=t.strip("/").replace("/", "_") or "root", topic=t,
                                    type_name=m, label=t.strip("/").replace("/", "_") or "root",
@@ -160,6 +166,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "coalesced and suppressed messages (instead of the chunks)")
     parser.add_argument("--json", type=Path, default=None,
                         help="write the statistics as JSON to this file (implies counting)")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="PNG of the history tokens per source against robot time, with "
+                             "tau_mem (implies counting)")
     parser.add_argument("--model", default="smollm2",
                         help="model directory (or 'smollm2') whose tokenizer counts the tokens")
 
@@ -185,7 +194,8 @@ def tau_mem_tokens(params_file: Path | None) -> int:
 
 
 def stats_report(tallies: Mapping[str, SourceTally], emitter: Emitter, duration_s: float,
-                 tau_mem: int, bag: list[Path], params: Path | None, n_jumps: int) -> dict:
+                 tau_mem: int, bag: list[Path], params: Path | None, n_jumps: int,
+                 not_rendered: Mapping[str, str] | None = None) -> dict:
     """The numbers `--stats` prints and `--json` writes (history chunks; instant ones apart)."""
     per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: 0.0)
     sources = {}
@@ -213,7 +223,38 @@ def stats_report(tallies: Mapping[str, SourceTally], emitter: Emitter, duration_
         "tau_mem_tokens": tau_mem,
         "tau_mem_minutes": round(tau_mem / rate / 60.0, 2) if rate > 0 else None,
         "sources": sources,
+        "topics_not_rendered": dict(not_rendered or {}),
     }
+
+
+def plot_tokens(timeline: list[tuple[float, str, int]], report: dict, path: Path) -> Path:
+    """Cumulative history tokens per source (and in all) against robot time, with tau_mem."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    t0 = timeline[0][0] if timeline else 0.0
+    for name in report["sources"]:
+        points = [(t - t0, n) for t, s, n in timeline if s == name]
+        if points:
+            xs, ys = zip(*points)
+            ax.step([x / 60 for x in xs], np.cumsum(ys), where="post", label=name)
+    if timeline:
+        xs = [(t - t0) / 60 for t, _, _ in timeline]
+        ax.step(xs, np.cumsum([n for _, _, n in timeline]), where="post", color="black",
+                label=f"all ({report['totals']['tokens_per_s']:.1f} tokens/s)")
+    ax.axhline(report["tau_mem_tokens"], color="grey", linestyle="--",
+               label=f"tau_mem {report['tau_mem_tokens']} tokens")
+    ax.set_xlabel("robot time (min)")
+    ax.set_ylabel("history tokens (cumulative)")
+    ax.set_title(f"{Path(report['bag'][0]).name}: history tokens per source")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def print_stats(report: dict) -> None:
@@ -242,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
         if not path.exists():
             raise ConfigError(f"bag {path} does not exist")
     sources = sources_for(args.bag, args.params, args.topics)
-    counting = args.stats or args.json is not None
+    counting = args.stats or args.json is not None or args.plot is not None
     tokenizer = None
     if counting:
         from csr_ros.model_store import resolve_model_dir
@@ -250,7 +291,9 @@ def run(args: argparse.Namespace) -> int:
 
         tokenizer = HFTokenizer(resolve_model_dir(args.model, weights=False))
         tau_mem = tau_mem_tokens(args.params)
-    _, bag_counts, duration_s = bag_info(args.bag)
+    in_bag, bag_counts, duration_s = bag_info(args.bag)
+    not_rendered = {t: m for t, m in in_bag.items() if t not in sources}
+    timeline: list[tuple[float, str, int]] = []
     emitter = make_emitter(sources)
     chunks = replay_chunks(read_bag(args.bag, sources), sources, emitter=emitter)
     tallies = {s.name: SourceTally(topic=t, type_name=s.type_name, event=s.emission.event,
@@ -283,7 +326,9 @@ def run(args: argparse.Namespace) -> int:
                 if tokenizer is not None:
                     from csr_ros.chunks import normalize
 
-                    tally.tokens += len(tokenizer.encode_data(normalize(chunk.text)))
+                    n_tokens = len(tokenizer.encode_data(normalize(chunk.text)))
+                    tally.tokens += n_tokens
+                    timeline.append((chunk.t_ns / 1e9, chunk.source, n_tokens))
             if out is not None:
                 out.write(json.dumps(vars(chunk), ensure_ascii=False) + "\n")
             elif not counting:
@@ -307,10 +352,12 @@ def run(args: argparse.Namespace) -> int:
               "reset", file=sys.stderr)
     if counting:
         report = stats_report(tallies, emitter, duration_s, tau_mem, args.bag, args.params,
-                              n_jumps)
+                              n_jumps, not_rendered)
         if args.stats:
             print_stats(report)
         if args.json is not None:
             args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        if args.plot is not None:
+            print(f"wrote {plot_tokens(timeline, report, args.plot)}", file=sys.stderr)
     print(f"{n} chunks from {len(sources)} topics", file=sys.stderr)
     return 0
