@@ -66,6 +66,24 @@ uint8 source
 """
 CUSTOM_TYPES = {"patrol_msgs/msg/Detections": DETECTION_MSG,
                 "patrol_msgs/msg/Detection": DETECTION_ITEM_MSG}
+# vision_msgs (Humble/Jazzy layout) is in neither rosbags' stores nor every robot's install:
+# with detections="vision_msgs" it too exists only in the bag.
+VISION_MSGS_TYPES = {
+    "vision_msgs/msg/Point2D": "float64 x\nfloat64 y\n",
+    "vision_msgs/msg/Pose2D": "vision_msgs/Point2D position\nfloat64 theta\n",
+    "vision_msgs/msg/BoundingBox2D": ("vision_msgs/Pose2D center\nfloat64 size_x\n"
+                                      "float64 size_y\n"),
+    "vision_msgs/msg/ObjectHypothesis": "string class_id\nfloat64 score\n",
+    "vision_msgs/msg/ObjectHypothesisWithPose": ("vision_msgs/ObjectHypothesis hypothesis\n"
+                                                 "geometry_msgs/PoseWithCovariance pose\n"),
+    "vision_msgs/msg/Detection2D": ("std_msgs/Header header\n"
+                                    "vision_msgs/ObjectHypothesisWithPose[] results\n"
+                                    "vision_msgs/BoundingBox2D bbox\nstring id\n"),
+    "vision_msgs/msg/Detection2DArray": ("std_msgs/Header header\n"
+                                         "vision_msgs/Detection2D[] detections\n"),
+}
+DETECTION_TYPES = {"custom": "patrol_msgs/msg/Detections",
+                   "vision_msgs": "vision_msgs/msg/Detection2DArray"}
 
 ODOM_HZ, SCAN_HZ, BATTERY_HZ = 10.0, 5.0, 1.0
 SCAN_BEAMS = 360
@@ -179,10 +197,10 @@ class _Pose:
 class _World:
     """Integrates the robot's motion along a script of tasks and records what happens."""
 
-    def __init__(self, duration_s: float, rng: np.random.Generator):
+    def __init__(self, duration_s: float, rng: np.random.Generator, odom_hz: float = ODOM_HZ):
         self.duration_s = duration_s
         self.rng = rng
-        self.dt = 1.0 / ODOM_HZ
+        self.dt = 1.0 / odom_hz
         cx, cy = ROOM_BY_NAME["living room"].center
         self.pose = _Pose(cx, cy, 0.0)
         self.t = 0.0
@@ -363,7 +381,7 @@ def _typestore():
 
     store = get_typestore(Stores.ROS2_JAZZY)
     types: dict = {}
-    for name, text in CUSTOM_TYPES.items():
+    for name, text in (CUSTOM_TYPES | VISION_MSGS_TYPES).items():
         types.update(get_types_from_msg(text, name))
     store.register(types)
     return store
@@ -387,13 +405,13 @@ def _quat(ts, yaw: float):
 _ODOM_COV = np.diag([0.001, 0.001, 1e6, 1e6, 1e6, 0.002]).reshape(36).astype(np.float64)
 
 
-def _odometry(ts, t_s: float, pose: _Pose, rng: np.random.Generator):
+def _odometry(ts, t_s: float, pose: _Pose, rng: np.random.Generator, noise: float = 1.0):
     T = ts.types
-    x = pose.x + rng.normal(0, POSE_NOISE_M)
-    y = pose.y + rng.normal(0, POSE_NOISE_M)
-    yaw = pose.yaw + rng.normal(0, YAW_NOISE_RAD)
-    v = pose.v + rng.normal(0, 0.004)
-    w = pose.w + rng.normal(0, 0.003)
+    x = pose.x + rng.normal(0, POSE_NOISE_M * noise)
+    y = pose.y + rng.normal(0, POSE_NOISE_M * noise)
+    yaw = pose.yaw + rng.normal(0, YAW_NOISE_RAD * noise)
+    v = pose.v + rng.normal(0, 0.004 * noise)
+    w = pose.w + rng.normal(0, 0.003 * noise)
     vec = T["geometry_msgs/msg/Vector3"]
     return T["nav_msgs/msg/Odometry"](
         header=_header(ts, t_s, "odom"), child_frame_id="base_link",
@@ -411,7 +429,7 @@ def _odometry(ts, t_s: float, pose: _Pose, rng: np.random.Generator):
 _ANGLES = np.linspace(-math.pi, math.pi, SCAN_BEAMS, endpoint=False)
 
 
-def _scan_ranges(pose: _Pose, rng: np.random.Generator) -> np.ndarray:
+def _scan_ranges(pose: _Pose, rng: np.random.Generator, noise: float = 1.0) -> np.ndarray:
     """Ray-cast the current room's walls (doorways open onto far space) and its objects."""
     room = ROOM_BY_NAME[room_at(pose.x, pose.y)]
     angles = _ANGLES + pose.yaw
@@ -438,27 +456,29 @@ def _scan_ranges(pose: _Pose, rng: np.random.Generator) -> np.ndarray:
         inside = (along > 0) & (perp2 < 0.25 ** 2)
         t_obj = along - np.sqrt(np.clip(0.25 ** 2 - perp2, 0, None))
         t = np.where(inside & (t_obj < t), t_obj, t)
-    t = t + rng.normal(0, 0.01, t.shape)
+    t = t + rng.normal(0, 0.01 * noise, t.shape)
     t = np.where(t > SCAN_RANGE_MAX_M, np.inf, t)                   # no return
-    glare = rng.random(t.shape) < 0.02                               # dark/shiny surfaces
+    glare = rng.random(t.shape) < min(0.5, 0.02 * noise)            # dark/shiny surfaces
     t = np.where(glare, np.nan, t)
-    t = np.where(rng.random(t.shape) < 0.01, np.inf, t)
+    t = np.where(rng.random(t.shape) < min(0.5, 0.01 * noise), np.inf, t)
     return t.astype(np.float32)
 
 
-def _laser_scan(ts, t_s: float, pose: _Pose, rng: np.random.Generator):
+def _laser_scan(ts, t_s: float, pose: _Pose, rng: np.random.Generator, scan_hz: float = SCAN_HZ,
+                noise: float = 1.0):
     return ts.types["sensor_msgs/msg/LaserScan"](
         header=_header(ts, t_s, "base_scan"), angle_min=float(-math.pi),
         angle_max=float(math.pi - 2 * math.pi / SCAN_BEAMS),
         angle_increment=float(2 * math.pi / SCAN_BEAMS), time_increment=0.0,
-        scan_time=1.0 / SCAN_HZ, range_min=SCAN_RANGE_MIN_M, range_max=SCAN_RANGE_MAX_M,
-        ranges=_scan_ranges(pose, rng), intensities=np.zeros(0, dtype=np.float32))
+        scan_time=1.0 / scan_hz, range_min=SCAN_RANGE_MIN_M, range_max=SCAN_RANGE_MAX_M,
+        ranges=_scan_ranges(pose, rng, noise), intensities=np.zeros(0, dtype=np.float32))
 
 
-def _battery(ts, t_s: float, level: float, charging: bool, rng: np.random.Generator):
+def _battery(ts, t_s: float, level: float, charging: bool, rng: np.random.Generator,
+             noise: float = 1.0):
     T = ts.types["sensor_msgs/msg/BatteryState"]
-    voltage = 22.2 + 3.0 * level + rng.normal(0, 0.02)
-    current = (2.1 if charging else -1.3) + rng.normal(0, 0.05)
+    voltage = 22.2 + 3.0 * level + rng.normal(0, 0.02 * noise)
+    current = (2.1 if charging else -1.3) + rng.normal(0, 0.05 * noise)
     return T(header=_header(ts, t_s, "battery"), voltage=float(voltage),
              temperature=float(31.0 + rng.normal(0, 0.1)), current=float(current),
              charge=float(5.2 * level), capacity=5.2, design_capacity=5.6,
@@ -489,6 +509,29 @@ def _detections(ts, t_s: float, seen, rng: np.random.Generator):
                     for name, conf, x, y in seen])
 
 
+def _detection2d_array(ts, t_s: float, seen, rng: np.random.Generator):
+    T = ts.types
+    header = _header(ts, t_s, "camera_color_optical_frame")
+    detections = []
+    for name, conf, x, y in seen:
+        cx, cy, w, h = rng.uniform([0, 0, 40, 40], [560, 400, 200, 200])
+        pose = T["geometry_msgs/msg/PoseWithCovariance"](
+            pose=T["geometry_msgs/msg/Pose"](
+                position=T["geometry_msgs/msg/Point"](x=float(x), y=float(y), z=0.4),
+                orientation=_quat(ts, 0.0)),
+            covariance=np.zeros(36, dtype=np.float64))
+        hyp = T["vision_msgs/msg/ObjectHypothesisWithPose"](
+            hypothesis=T["vision_msgs/msg/ObjectHypothesis"](class_id=name, score=conf),
+            pose=pose)
+        bbox = T["vision_msgs/msg/BoundingBox2D"](
+            center=T["vision_msgs/msg/Pose2D"](
+                position=T["vision_msgs/msg/Point2D"](x=float(cx), y=float(cy)), theta=0.0),
+            size_x=float(w), size_y=float(h))
+        detections.append(T["vision_msgs/msg/Detection2D"](header=header, results=[hyp],
+                                                            bbox=bbox, id=""))
+    return T["vision_msgs/msg/Detection2DArray"](header=header, detections=detections)
+
+
 def _goal_status_array(ts, t_s: float, goals: list[dict[str, Any]]):
     T = ts.types
     status_list = []
@@ -504,7 +547,8 @@ def _goal_status_array(ts, t_s: float, goals: list[dict[str, Any]]):
 
 # -- the bag -------------------------------------------------------------------------------------
 
-def _messages(world: _World, ts, rng: np.random.Generator) -> Iterator[tuple[float, str, Any]]:
+def _messages(world: _World, ts, rng: np.random.Generator, rates: tuple[float, float, float],
+              noise: float, detections: str = "custom") -> Iterator[tuple[float, str, Any]]:
     """(t_s, topic, message) for every message, in time order."""
     out: list[tuple[float, int, str, Any]] = []
     n = 0
@@ -514,18 +558,20 @@ def _messages(world: _World, ts, rng: np.random.Generator) -> Iterator[tuple[flo
         out.append((t_s, n, topic, msg))
         n += 1
 
-    per_scan = int(round(ODOM_HZ / SCAN_HZ))
-    per_battery = int(round(ODOM_HZ / BATTERY_HZ))
+    odom_hz, scan_hz, battery_hz = rates
+    per_scan = max(1, int(round(odom_hz / scan_hz)))
+    per_battery = max(1, int(round(odom_hz / battery_hz)))
     for i, (t_s, pose, level, charging) in enumerate(world.samples):
-        add(t_s, TOPIC_ODOM, _odometry(ts, t_s, pose, rng))
+        add(t_s, TOPIC_ODOM, _odometry(ts, t_s, pose, rng, noise))
         if i % per_scan == 0:
-            add(t_s + 0.003, TOPIC_SCAN, _laser_scan(ts, t_s, pose, rng))
+            add(t_s + 0.003, TOPIC_SCAN, _laser_scan(ts, t_s, pose, rng, scan_hz, noise))
         if i % per_battery == 0:
-            add(t_s + 0.005, TOPIC_BATTERY, _battery(ts, t_s, level, charging, rng))
+            add(t_s + 0.005, TOPIC_BATTERY, _battery(ts, t_s, level, charging, rng, noise))
     for u in world.utterances:
         add(u["t_s"], TOPIC_SPEECH, _string(ts, u["text"]))
     for t_s, _room, seen in world.detections:
-        add(t_s + 0.05, TOPIC_DETECTIONS, _detections(ts, t_s, seen, rng))
+        make = _detections if detections == "custom" else _detection2d_array
+        add(t_s + 0.05, TOPIC_DETECTIONS, make(ts, t_s, seen, rng))
     for a in world.actions:
         add(a["t_s"] + 0.01, TOPIC_ACTION_RESULT,
             _string(ts, f"{a['name']}({a['target']}): {a['result']}"))
@@ -568,14 +614,33 @@ def _room_visits(world: _World) -> list[dict[str, Any]]:
 
 
 def generate_patrol(out: str | Path, *, duration_s: float = 600.0, seed: int = 0,
-                    storage: str = "mcap", overwrite: bool = False) -> PatrolTruth:
-    """Write the patrol bag to directory `out` (and out/ground_truth.json); return the truth."""
+                    storage: str = "mcap", overwrite: bool = False, odom_hz: float = ODOM_HZ,
+                    scan_hz: float = SCAN_HZ, battery_hz: float = BATTERY_HZ,
+                    noise: float = 1.0, detections: str = "custom") -> PatrolTruth:
+    """Write the patrol bag to directory `out` (and out/ground_truth.json); return the truth.
+
+    `odom_hz` is the simulation step; scans and battery are published every n-th step (their
+    rates rounded to divide it). `noise` scales every sensor noise (and the share of nan/inf
+    scan returns); `detections` is "custom" (patrol_msgs/msg/Detections) or "vision_msgs"
+    (vision_msgs/msg/Detection2DArray, Humble layout, map position in the hypothesis pose),
+    both defined only in the bag. The defaults are the documented 10-minute patrol."""
     from rosbags.rosbag2 import StoragePlugin, Writer
 
     if storage not in STORAGES:
         raise ConfigError(f"storage must be one of {list(STORAGES)}, got {storage!r}")
     if not duration_s >= 5.0:
         raise ConfigError(f"duration_s must be >= 5 s, got {duration_s}")
+    for name, hz in (("odom_hz", odom_hz), ("scan_hz", scan_hz), ("battery_hz", battery_hz)):
+        if not 0 < hz <= 1000:
+            raise ConfigError(f"{name} must be in (0, 1000] Hz, got {hz}")
+    if not scan_hz <= odom_hz >= battery_hz:
+        raise ConfigError(f"odom_hz ({odom_hz}) is the simulation step: scan_hz ({scan_hz}) "
+                          f"and battery_hz ({battery_hz}) cannot be higher")
+    if detections not in DETECTION_TYPES:
+        raise ConfigError(f"detections must be one of {list(DETECTION_TYPES)}, got "
+                          f"{detections!r}")
+    if not 0 <= noise <= 20:
+        raise ConfigError(f"noise must be in [0, 20], got {noise}")
     out = Path(out)
     if out.exists():
         if not overwrite:
@@ -584,17 +649,20 @@ def generate_patrol(out: str | Path, *, duration_s: float = 600.0, seed: int = 0
         import shutil
         shutil.rmtree(out)
     rng = np.random.default_rng(seed)
-    world = _World(duration_s, np.random.default_rng(rng.integers(2 ** 63)))
+    world = _World(duration_s, np.random.default_rng(rng.integers(2 ** 63)), odom_hz)
     _script(world)
     ts = _typestore()
-    counts = {topic: 0 for topic in TOPIC_TYPES}
+    topic_types = TOPIC_TYPES | {TOPIC_DETECTIONS: DETECTION_TYPES[detections]}
+    counts = {topic: 0 for topic in topic_types}
     plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
     with Writer(out, version=9, storage_plugin=plugin) as writer:
         conns = {topic: writer.add_connection(topic, msgtype, typestore=ts)
-                 for topic, msgtype in TOPIC_TYPES.items()}
-        for t_s, topic, msg in _messages(world, ts, np.random.default_rng(rng.integers(2 ** 63))):
+                 for topic, msgtype in topic_types.items()}
+        messages = _messages(world, ts, np.random.default_rng(rng.integers(2 ** 63)),
+                             (odom_hz, scan_hz, battery_hz), noise, detections)
+        for t_s, topic, msg in messages:
             stamp_ns = START_NS + int(round(t_s * 1e9))
-            writer.write(conns[topic], stamp_ns, ts.serialize_cdr(msg, TOPIC_TYPES[topic]))
+            writer.write(conns[topic], stamp_ns, ts.serialize_cdr(msg, topic_types[topic]))
             counts[topic] += 1
 
     events: list[dict[str, Any]] = []
@@ -611,12 +679,14 @@ def generate_patrol(out: str | Path, *, duration_s: float = 600.0, seed: int = 0
                        "target": a["target"], "result": a["result"]})
     events.extend(_room_visits(world))
     events.sort(key=lambda e: (e["t_s"], e["kind"]))
-    duration = world.samples[-1][0] + 1.0 / ODOM_HZ if world.samples else 0.0
-    hz = {TOPIC_ODOM: ODOM_HZ, TOPIC_SCAN: SCAN_HZ, TOPIC_BATTERY: BATTERY_HZ}
+    duration = world.samples[-1][0] + 1.0 / odom_hz if world.samples else 0.0
+    per_scan = max(1, int(round(odom_hz / scan_hz)))
+    per_battery = max(1, int(round(odom_hz / battery_hz)))
+    hz = {TOPIC_ODOM: odom_hz, TOPIC_SCAN: odom_hz / per_scan, TOPIC_BATTERY: odom_hz / per_battery}
     truth = PatrolTruth(
         duration_s=round(duration, 3), seed=seed, storage=storage, start_ns=START_NS,
         topics={t: {"type": m, "count": counts[t], "hz": hz.get(t)}
-                for t, m in TOPIC_TYPES.items()},
+                for t, m in topic_types.items()},
         events=events, bag_path=str(out))
     (out / GROUND_TRUTH_FILE).write_text(json.dumps(truth.to_json(), indent=1) + "\n",
                                          encoding="utf-8")

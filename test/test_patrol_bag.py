@@ -140,3 +140,19 @@ def test_patrol_command_writes_the_bag_and_refuses_an_existing_directory(tmp_pat
     assert cli_main(["patrol", str(tmp_path / "b"), "--duration-s", "10"]) == 2
     with pytest.raises(ConfigError, match="storage"):
         patrol.generate_patrol(tmp_path / "c", storage="bag")
+
+
+def test_rates_and_noise_can_be_chosen_and_bad_ones_are_refused(tmp_path):
+    truth = patrol.generate_patrol(tmp_path / "fast", duration_s=20.0, odom_hz=50.0,
+                                   scan_hz=15.0, battery_hz=2.0, noise=4.0)
+    counts = {t: info["count"] for t, info in truth.topics.items()}
+    assert counts[patrol.TOPIC_ODOM] == 1000 and counts[patrol.TOPIC_SCAN] == 334
+    assert truth.topics[patrol.TOPIC_SCAN]["hz"] == pytest.approx(50 / 3)
+    assert counts[patrol.TOPIC_BATTERY] == 40
+    _, rows = read_all(tmp_path / "fast")
+    ranges = np.concatenate([m.ranges for tp, _, _, m in rows if tp == patrol.TOPIC_SCAN])
+    assert 0.05 < np.isnan(ranges).mean() < 0.12            # 4x the 2 % of glare
+    with pytest.raises(ConfigError, match="scan_hz .* cannot be higher"):
+        patrol.generate_patrol(tmp_path / "bad", scan_hz=20.0)
+    with pytest.raises(ConfigError, match="noise must be in"):
+        patrol.generate_patrol(tmp_path / "bad", noise=-1.0)

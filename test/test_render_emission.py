@@ -399,3 +399,32 @@ def sources_for_config():
     from csr_ros.ros_params import load_params_file
 
     return validate("aggregator", load_params_file(CONFIG)["aggregator"])["sources"]
+
+
+def test_a_faster_noisier_patrol_keeps_every_event_and_the_budget_with_the_default_config(
+        tmp_path, tokenizer):
+    bag = tmp_path / "bag"
+    truth = patrol.generate_patrol(bag, duration_s=300.0, seed=12, odom_hz=50.0, scan_hz=15.0,
+                                   noise=3.0)
+    assert truth.topics[patrol.TOPIC_ODOM]["count"] == 15000
+    sources = sources_for([bag], CONFIG, None)
+    chunks = [c for c in replay_chunks(read_bag([bag], sources), sources) if not c.instant]
+    for name, kind in (("speech", "utterance"), ("detections", "detection"),
+                       ("actions", "action_result"), ("nav_status", "nav_status")):
+        assert sum(c.source == name for c in chunks) == truth.event_counts[kind]
+    tokens = sum(len(tokenizer.encode_data(c.text + "\n")) for c in chunks)
+    assert tokens / truth.duration_s <= 20.0
+
+
+def test_a_bag_only_detection2d_array_gets_its_summary_with_where_each_object_is(tmp_path):
+    bag = tmp_path / "bag"
+    truth = patrol.generate_patrol(bag, duration_s=120.0, seed=0, detections="vision_msgs")
+    sources = sources_for([bag], CONFIG, None)
+    assert sources[patrol.TOPIC_DETECTIONS].type_name == "vision_msgs/msg/Detection2DArray"
+    chunks = [c for c in replay_chunks(read_bag([bag], sources), sources)
+              if c.source == "detections"]
+    assert len(chunks) == truth.event_counts["detection"] >= 2
+    seen = truth.of_kind("detection")
+    first = [e for e in seen if e["t_s"] == seen[0]["t_s"]]
+    assert chunks[0].text == "48s detections: " + ", ".join(
+        f"{e['object']} {e['confidence']:.2f} at {e['x_m']:g},{e['y_m']:g}" for e in first)

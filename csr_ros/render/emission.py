@@ -13,8 +13,9 @@ Per source, in this order:
    from the last chunk's by more than a deadband, or when `keepalive_s` has passed since the
    last chunk. Otherwise it is suppressed and counted; the next chunk carries the count.
    Odometry: moved `deadband_m`, turned `deadband_deg` (not while turning in place), or its
-   motion changed between stopped, turning and moving (two values in a row). LaserScan: the nearest range changed by
-   `deadband_m` (relative beyond 1 m), or something came within 1 m ahead or left.
+   motion changed between stopped, turning and moving (two values in a row). LaserScan: the
+   nearest range changed by `deadband_m` (relative beyond 1 m), or something came within 1 m
+   ahead or left.
    BatteryState: `deadband_pct` percent, or a status/health change. Imu: `deadband_deg` of
    attitude or `deadband` of a rate or acceleration. Every other type (custom ones too): a
    non-numeric field changed, or a numeric one by more than `deadband` (relative beyond 1).

@@ -10,7 +10,7 @@ covers every other type, including custom types that exist only in a bag.
     Imu               rpy 0,1,90° gyro 0,0,2°/s acc 0.1,0,9.8
     JointState        shoulder 0.52 elbow -1.2
     GoalStatusArray   3fa2 succeeded            (only goals whose state changed)
-    Detection2DArray  cup 0.91, person 0.78
+    Detection2DArray  cup 0.91 at 1.2,3.4, person 0.78       (position: the hypothesis pose)
     String            alice: bring me the cup
 """
 
@@ -209,20 +209,25 @@ def summarize_goal_status_array(p: Mapping[str, Plain], ctx: Context = Context()
     return Summary(text, dict(goals))
 
 
-def _detection(d: Mapping[str, Plain]) -> tuple[str, float]:
+def _detection(d: Mapping[str, Plain]) -> tuple[str, float, str]:
     results = d.get("results") or []
     best = max(results, key=lambda r: _num((r.get("hypothesis") or r).get("score"), 0.0),
                default=None)
     hyp = {} if best is None else (best.get("hypothesis") or best)  # Humble+: hypothesis.class_id
     name = hyp.get("class_id", hyp.get("id", d.get("id") or "?"))
-    return str(name), _num(hyp.get("score"))
+    position = (((best or {}).get("pose") or {}).get("pose") or {}).get("position") or {}
+    x, y = _num(position.get("x"), 0.0), _num(position.get("y"), 0.0)
+    where = f" at {fmt_float(x, 1)},{fmt_float(y, 1)}" if (x, y) != (0.0, 0.0) else ""
+    return str(name), _num(hyp.get("score")), where
 
 
 def summarize_detection2d_array(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """Best class and score per detection, and where it is when the hypothesis has a pose."""
     seen = [_detection(d) for d in p.get("detections") or []]
-    text = ", ".join(f"{fmt_text(c) if ' ' not in c else c} {fmt_float(s, 2)}" for c, s in seen)
+    text = ", ".join(f"{fmt_text(c) if ' ' not in c else c} {fmt_float(s, 2)}{w}"
+                     for c, s, w in seen)
     return Summary((text or "nothing") + _frame_note(p, ctx),
-                   {"classes": tuple(sorted(c for c, _ in seen))})
+                   {"classes": tuple(sorted(c for c, _, _ in seen))})
 
 
 def summarize_string(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:

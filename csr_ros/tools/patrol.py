@@ -24,13 +24,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--storage", choices=STORAGES, default="mcap",
                         help="rosbag2 storage plugin (default mcap)")
+    parser.add_argument("--odom-hz", type=float, default=10.0,
+                        help="odometry rate, also the simulation step (default 10)")
+    parser.add_argument("--scan-hz", type=float, default=5.0,
+                        help="laser scan rate, rounded to divide --odom-hz (default 5)")
+    parser.add_argument("--battery-hz", type=float, default=1.0,
+                        help="battery rate, rounded to divide --odom-hz (default 1)")
+    parser.add_argument("--noise", type=float, default=1.0,
+                        help="scale of every sensor noise and of the nan/inf share (default 1)")
+    parser.add_argument("--detections", choices=("custom", "vision_msgs"), default="custom",
+                        help="type of /detections, defined only in the bag: "
+                             "patrol_msgs/msg/Detections (default) or "
+                             "vision_msgs/msg/Detection2DArray")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace OUT if it exists")
 
 
 def run(args: argparse.Namespace) -> int:
     truth = generate_patrol(args.out, duration_s=args.duration_s, seed=args.seed,
-                            storage=args.storage, overwrite=args.overwrite)
+                            storage=args.storage, overwrite=args.overwrite,
+                            odom_hz=args.odom_hz, scan_hz=args.scan_hz,
+                            battery_hz=args.battery_hz, noise=args.noise,
+                            detections=args.detections)
     for topic, info in truth.topics.items():
         print(f"{topic:<36} {info['type']:<34} {info['count']:>6}")
     print(json.dumps(truth.event_counts))
