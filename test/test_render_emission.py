@@ -428,3 +428,46 @@ def test_a_bag_only_detection2d_array_gets_its_summary_with_where_each_object_is
     first = [e for e in seen if e["t_s"] == seen[0]["t_s"]]
     assert chunks[0].text == "48s detections: " + ", ".join(
         f"{e['object']} {e['confidence']:.2f} at {e['x_m']:g},{e['y_m']:g}" for e in first)
+
+
+@pytest.fixture(scope="module")
+def typestore():
+    from rosbags.typesys import Stores, get_typestore
+
+    return get_typestore(Stores.ROS2_JAZZY)
+
+
+def test_imu_joint_state_and_battery_summaries_are_compact_and_the_same_in_every_shape(
+        typestore):
+    t = typestore.types
+    header = t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=1_700_000_000,
+                                                                            nanosec=5),
+                                      frame_id="imu_link")
+    vec = t["geometry_msgs/msg/Vector3"]
+    imu = t["sensor_msgs/msg/Imu"](
+        header=header, orientation=t["geometry_msgs/msg/Quaternion"](
+            x=0.0, y=0.0, z=math.sin(math.pi / 4), w=math.cos(math.pi / 4)),
+        orientation_covariance=np.zeros(9), angular_velocity=vec(x=0.0, y=0.0, z=0.1),
+        angular_velocity_covariance=np.zeros(9), linear_acceleration=vec(x=0.12, y=0.0, z=9.81),
+        linear_acceleration_covariance=np.zeros(9))
+    joints = t["sensor_msgs/msg/JointState"](
+        header=header, name=["shoulder", "elbow"], position=np.array([0.523, -1.2]),
+        velocity=np.array([0.0, 0.1]), effort=np.array([]))
+    battery_msg = t["sensor_msgs/msg/BatteryState"](
+        header=header, voltage=24.1, temperature=30.0, current=-1.0, charge=math.nan,
+        capacity=math.nan, design_capacity=5.0, percentage=0.42, power_supply_status=1,
+        power_supply_health=2, power_supply_technology=2, present=True,
+        cell_voltage=np.zeros(0, dtype=np.float32), cell_temperature=np.zeros(0, dtype=np.float32),
+        location="", serial_number="")
+    expected = {"imu": "imu: rpy 0,0,90° gyro 0,0,6°/s acc 0.1,0,9.8",
+                "joints": "joints: shoulder 0.52 elbow -1.2",
+                "battery": "battery: 42% charging health overheat"}
+    shapes = [lambda m: m, rclpy_shaped]
+    try:
+        import sensor_msgs.msg  # noqa: F401  (the real rclpy classes, where ROS is installed)
+        shapes.append(to_rclpy)
+    except ImportError:
+        pass
+    for shape in shapes:
+        for label, msg in (("imu", imu), ("joints", joints), ("battery", battery_msg)):
+            assert render(shape(msg), label=label) == expected[label]
