@@ -32,7 +32,7 @@ from csr_ros.ros_params import QosChoice, SourceConfig, match_publishers
 from csr_ros.srv import GetChunks
 from csr_ros.state import Chunk, Seq
 
-SOURCE_DEPTH = 10            # per-source subscription queue; the coalescer keeps the newest
+SOURCE_DEPTH = 10            # per-source subscription queue; the emitter keeps the newest
 MAX_CHUNKS_PER_ANSWER = 2000
 
 
