@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "replay": ("replay", "render a rosbag (ROS 2 or ROS 1) into chunks as the aggregator would"),
     "patrol": ("patrol", "write a deterministic home-patrol rosbag2 with its ground truth"),
     "check-params": ("check_params", "validate a parameters file of the ROS 2 nodes"),
+    "eval": ("eval", "memory recall against decision latency: CSR, window, BM25, no memory"),
 }
 
 

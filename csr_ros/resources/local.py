@@ -32,6 +32,16 @@ class LocalResource:
         self._compiler = None               # llguidance's vocabulary, built on first use
         self._option_cache: dict[str, list[int]] = {}
 
+    @classmethod
+    def from_engine(cls, engine: LocalEngine, *, name: str = "local") -> "LocalResource":
+        """A resource over an existing engine (e.g. `engine.fork()`: shared weights, own cache)."""
+        self = cls.__new__(cls)
+        self.name = name
+        self.engine = engine
+        self.max_context_tokens = engine.max_context_tokens
+        self._lock = threading.Lock()
+        return self
+
     @property
     def n_committed(self) -> int:
         return self.engine.n_committed

@@ -293,10 +293,7 @@ class OpenAIResource:
             n_extended = self._n_extended(request)
             self._check_fits(len(request.ids) + max_new_tokens)
             static_text = self._static_text_of(request)
-            if static_text is None:
-                prompt: list[int] | str = list(request.ids)
-            else:
-                prompt = static_text + self._text_of(request.dynamic_ids, request.dynamic_text)
+            prompt = self._prompt(request, static_text)
             body = self._body(prompt, max_tokens=max_new_tokens, stop=stop)
             constrained = False
             if constraint is not None:
@@ -338,6 +335,59 @@ class OpenAIResource:
                                n_extended=n_extended, cached_tokens=details.get("cached_tokens"),
                                finish_reason="stop" if finish_reason == "stop" else "length",
                                resource=self.name, constrained=constrained)
+
+    def prompt_of(self, request: Request) -> list[int] | str:
+        """The prompt `query` sends for `request`: token ids, or text in text mode."""
+        with self._lock:
+            self._ensure_checked()
+            self._n_extended(request)
+            return self._prompt(request, self._static_text_of(request))
+
+    def echo_logprobs(self, prompt: list[int] | str, continuation: str) -> list[float]:
+        """Log-probabilities of the tokens of `continuation` after `prompt` (a completion with
+        `echo` and `logprobs`; the prompt prefix is served from the server's cache).
+
+        For servers that compute prompt log-probabilities correctly (vLLM, SGLang).
+        llama-cpp-python pairs each echoed token with the logits computed *at* it (one position
+        late) and sorts the whole vocabulary per prompt token, so it is not asked this.
+        """
+        with self._lock:
+            self._ensure_checked()
+            if isinstance(prompt, str):
+                full: list[int] | str = prompt + continuation
+                n_prompt = None
+            else:
+                tail = self.tokenizer.encode_data(continuation)
+                full, n_prompt = list(prompt) + list(tail), len(prompt)
+            self._check_fits((len(full) if n_prompt is not None else 0) + 1)
+            body = self._body(full, max_tokens=1, stop=())
+            body.update(echo=True, logprobs=1)
+            response = self._send(body, stream=False)
+            try:
+                payload = _json(response, self.url)
+            finally:
+                response.close()
+        if "error" in payload:
+            raise _error_from_body(payload, self.url)
+        try:
+            logprobs = payload["choices"][0]["logprobs"]
+            values = logprobs["token_logprobs"]
+        except (KeyError, IndexError, TypeError):
+            raise ResourceError(f"{self.url} did not return echoed log-probabilities "
+                                "(completions with echo=true, logprobs=1)") from None
+        if n_prompt is not None:
+            picked = values[n_prompt:len(full)]
+        else:
+            offsets, tokens = logprobs.get("text_offset"), logprobs.get("tokens")
+            if not offsets or not tokens:
+                raise ResourceError(f"{self.url} returned log-probabilities without text offsets")
+            start, end = len(prompt), len(full)
+            picked = [v for v, off, tok in zip(values, offsets, tokens)
+                      if off < end and off + len(tok) > start]
+        if any(v is None for v in picked):
+            raise ResourceError(f"{self.url} returned a null log-probability inside the "
+                                "continuation")
+        return [float(v) for v in picked]
 
     def close(self) -> None:
         close = getattr(self._tokenizer, "close", None)
@@ -428,6 +478,11 @@ class OpenAIResource:
             return request.static_text
         n = len(self._committed_ids)          # _n_extended has checked that static extends it
         return self._committed_text + self._text_of(request.static_ids[n:], None)
+
+    def _prompt(self, request: Request, static_text: str | None) -> list[int] | str:
+        if static_text is None:
+            return list(request.ids)
+        return static_text + self._text_of(request.dynamic_ids, request.dynamic_text)
 
     def _body(self, prompt: list[int] | str, *, max_tokens: int, stop: Sequence[str]) -> dict:
         body = {"model": self.model, "prompt": prompt, "max_tokens": int(max_tokens),

@@ -1,0 +1,10 @@
+"""`csr-ros eval`: memory recall against decision latency, CSR against the usual alternatives.
+
+    episode.py   observations and questions: a bag + questions JSONL, AMA-Bench JSONL
+    methods.py   csr (ASR eviction), window (last K tokens), bm25 (top-k chunks), none
+    scoring.py   asking a question (choice log-likelihoods, greedy exact match), statistics
+    run.py       replaying episodes into each method, one method after another
+    report.py    rows per method and budget, the markdown table, the plot
+
+Nothing here imports torch or rclpy; the local engine is reached through its resource.
+"""

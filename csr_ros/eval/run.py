@@ -1,0 +1,253 @@
+"""Replay episodes into memory methods, ask the questions, record every answer.
+
+    resources = EvalResources.local(max_context_tokens=8192)
+    specs = [MethodSpec("csr", {"tau_mem_tokens": 2048}),
+             MethodSpec("window", {"window_tokens": 512})]
+    records = evaluate(episodes, specs, resources, progress=print)
+
+Methods run one after another over the whole input, never interleaved, so that no method finds
+another's prompt in a shared server cache. Every method sees the same observations and is
+asked the same questions at the same episode times.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+from csr_ros.errors import ConfigError
+from csr_ros.eval.episode import NS_PER_S, EvalEpisode, Observation, Question
+from csr_ros.eval.methods import (METHODS, Bm25Method, CsrMethod, NoMemoryMethod, WindowMethod)
+from csr_ros.eval.scoring import ask, contains_answer, exact_match
+from csr_ros.layout import Layout
+from csr_ros.policy_core import InstantValue, build_suffix
+
+PROFILE = (
+    "You are the memory of a mobile robot. The user message lists what the robot observed, "
+    "oldest first, then the current time and one question about what it observed. Answer from "
+    "the observations, with the answer only, no explanation.")
+INSTANT_STALE_S = 30.0
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str                          # csr | window | bm25 | none
+    budget: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.name not in METHODS:
+            raise ConfigError(f"unknown method {self.name!r}; choose from {', '.join(METHODS)}")
+
+
+@dataclass
+class QuestionRecord:
+    method: str
+    label: str
+    budget: dict
+    episode: str
+    qid: str
+    kind: str
+    t_s: float
+    question: str
+    answer: str
+    choices: list
+    prediction: str
+    correct: bool                      # normalized exact match
+    contains: bool                     # the answer appears in the prediction (looser)
+    ttft_s: float
+    decision_s: float
+    prompt_tokens: int
+    recomputed_tokens: int
+    history_tokens: int                # chunk tokens in the prompt
+    history_chunks: int
+
+
+class EvalResources:
+    """The resources methods run on: `primary` for the single-resource methods and CSR's R1,
+    `secondary` for CSR's R2 (another server, or a fork of the local engine's cache)."""
+
+    def __init__(self, kind: str, primary, secondary, tokenizer, *, mode: str = "token",
+                 owns_primary: bool = True):
+        self.kind = kind
+        self.owns_primary = owns_primary
+        self.primary = primary
+        self.secondary = secondary
+        self.tokenizer = tokenizer
+        self.mode = mode
+        self.layout = Layout.from_tokenizer(tokenizer)
+
+    @property
+    def max_context_tokens(self) -> int:
+        return min(self.primary.max_context_tokens, self.secondary.max_context_tokens)
+
+    @classmethod
+    def local(cls, model: str = "smollm2", *, max_context_tokens: int | None = None,
+              threads: int | None = None, engine=None) -> "EvalResources":
+        from csr_ros.resources.local import LocalResource
+
+        owns = engine is None
+        if engine is None:
+            primary = LocalResource(model, name="local-r1", threads=threads,
+                                    max_context_tokens=max_context_tokens)
+            engine = primary.engine
+        else:
+            primary = LocalResource.from_engine(engine, name="local-r1")
+        secondary = LocalResource.from_engine(engine.fork(), name="local-r2")
+        return cls("local", primary, secondary, engine.tokenizer, owns_primary=owns)
+
+    @classmethod
+    def openai(cls, urls: Sequence[str], **options) -> "EvalResources":
+        """One URL: both CSR roles on one server (its cache holds what was prefilled last);
+        two URLs: R1 and R2 on two servers, as deployed."""
+        from csr_ros.resources.openai import OpenAIResource
+
+        if not 1 <= len(urls) <= 2:
+            raise ConfigError(f"give one or two server URLs, got {len(urls)}")
+        primary = OpenAIResource(urls[0], name="openai-r1", **options)
+        secondary = OpenAIResource(urls[-1], name="openai-r2", **options)
+        return cls("openai", primary, secondary, primary.tokenizer, mode=primary.state_mode)
+
+    def warm_up(self) -> None:
+        """One untimed query per resource: first forwards allocate and initialize kernels, and
+        the first HTTP request opens the connection."""
+        from csr_ros.state import CsrState
+
+        state = CsrState(tokenizer=self.tokenizer, layout=self.layout,
+                         profile="warm-up, not part of any episode", mode=self.mode)
+        state.add("warm-up observation", source="warm_up", stamp_ns=0)
+        request = state.build_request(task="say ok")
+        for resource in (self.primary, self.secondary):
+            resource.load((), "")
+            resource.query(request, max_new_tokens=2)
+            resource.load((), "")
+
+    def close(self) -> None:
+        if self.kind == "local":
+            self.secondary.engine.close()        # the fork's buffers; the weights stay shared
+            if self.owns_primary:
+                self.primary.close()
+            return
+        self.secondary.close()
+        self.primary.close()
+
+
+def build_method(spec: MethodSpec, resources: EvalResources):
+    common = dict(mode=resources.mode)
+    budget = dict(spec.budget)
+    if spec.name == "csr":
+        budget.setdefault("max_context_tokens", resources.max_context_tokens)
+        return CsrMethod([resources.primary, resources.secondary], resources.tokenizer,
+                         resources.layout, **budget, **common)
+    cls = {"window": WindowMethod, "bm25": Bm25Method, "none": NoMemoryMethod}[spec.name]
+    return cls(resources.primary, resources.tokenizer, resources.layout, **budget, **common)
+
+
+def task_text(question: Question) -> str:
+    if question.choices:
+        return (f"Question: {question.question}\nOptions: {'; '.join(question.choices)}\n"
+                "Answer with one of the options.")
+    return f"Question: {question.question}\nAnswer in a few words."
+
+
+def profile_text(episode: EvalEpisode, profile: str = PROFILE) -> str:
+    return profile + ("\n" + episode.context if episode.context else "")
+
+
+def evaluate(episodes: Sequence[EvalEpisode], specs: Sequence[MethodSpec],
+             resources: EvalResources, *, max_new_tokens: int = 16, choice_score: str = "mean",
+             openai_choices: str = "auto", profile: str = PROFILE,
+             progress: Callable[[str], None] | None = None
+             ) -> tuple[list[QuestionRecord], list[dict]]:
+    """(every answer, one summary of the run per method spec: label, budget, CSR counters)."""
+    records: list[QuestionRecord] = []
+    runs: list[dict] = []
+    n_questions = sum(len(e.questions) for e in episodes)
+    for spec in specs:
+        method = build_method(spec, resources)
+        mine: list[QuestionRecord] = []
+        started = time.monotonic()
+        try:
+            extra: dict = {}
+            for episode in episodes:
+                mine.extend(_run_episode(method, episode, max_new_tokens=max_new_tokens,
+                                         choice_score=choice_score,
+                                         openai_choices=openai_choices, profile=profile,
+                                         tokenizer=resources.tokenizer, progress=progress,
+                                         done_before=len(mine), n_total=n_questions))
+                for key, value in method.end().items():
+                    extra[key] = extra.get(key, 0) + value
+        finally:
+            method.close()
+        runs.append({"method": method.name, "label": method.label, "budget": method.budget,
+                     "wall_s": time.monotonic() - started, **extra})
+        records.extend(mine)
+        if progress is not None:
+            n_ok = sum(r.correct for r in mine)
+            progress(f"[{method.label}] done: {n_ok}/{len(mine)} correct in "
+                     f"{time.monotonic() - started:.0f} s")
+    return records, runs
+
+
+def _run_episode(method, episode: EvalEpisode, *, max_new_tokens: int, choice_score: str,
+                 openai_choices: str, profile: str, tokenizer, progress, done_before: int,
+                 n_total: int) -> list[QuestionRecord]:
+    method.begin(profile_text(episode, profile))
+    instant: dict[str, InstantValue] = {}
+    out: list[QuestionRecord] = []
+    for item in episode.timeline():
+        if isinstance(item, Observation):
+            if item.instant:
+                instant[item.source] = InstantValue(item.source, item.text, item.stamp_ns)
+            else:
+                method.observe(item)
+            continue
+        question = item
+        suffix = ""
+        if episode.clock:
+            now_ns = episode.start_ns + int(round(question.t_s * NS_PER_S))
+            suffix = build_suffix(instant, now_ns, stale_s=INSTANT_STALE_S)
+        resource, request, prepared = method.prompt(task_text(question), suffix,
+                                                    question.question)
+        answer = ask(resource, request, choices=question.choices, tokenizer=tokenizer,
+                     max_new_tokens=max_new_tokens, choice_score=choice_score,
+                     openai_choices=openai_choices)
+        n_history = request.n_static - len(_prefix_ids(method))
+        out.append(QuestionRecord(
+            method=method.name, label=method.label, budget=method.budget, episode=episode.name,
+            qid=question.qid or f"{episode.name}/{len(out)}", kind=question.kind,
+            t_s=question.t_s, question=question.question, answer=question.answer,
+            choices=list(question.choices), prediction=answer.prediction,
+            correct=exact_match(answer.prediction, question.answer),
+            contains=contains_answer(answer.prediction, question.answer), ttft_s=answer.ttft_s,
+            decision_s=answer.decision_s, prompt_tokens=prepared.n_prompt,
+            recomputed_tokens=prepared.n_recomputed, history_tokens=n_history,
+            history_chunks=_n_chunks(request, method)))
+        if progress is not None:
+            done = done_before + len(out)
+            n_ok = sum(r.correct for r in out)
+            progress(f"[{method.label}] {done}/{n_total} questions, episode {episode.name}: "
+                     f"{n_ok}/{len(out)} correct, last TTFT {answer.ttft_s:.3f} s, "
+                     f"{prepared.n_recomputed} tokens recomputed")
+    return out
+
+
+def _prefix_ids(method) -> tuple[int, ...]:
+    if isinstance(method, CsrMethod):
+        return method.reconciler.machine.active.prefix_ids
+    return method.history.state.prefix_ids
+
+
+def _n_chunks(request, method) -> int:
+    if isinstance(method, CsrMethod):
+        return len(method.reconciler.machine.active.chunks)
+    return method.last_n_chunks
+
+
+def records_as_dicts(records: Sequence[QuestionRecord]) -> list[dict]:
+    return [asdict(r) for r in records]
+
+
+def stderr_progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

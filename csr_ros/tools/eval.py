@@ -1,0 +1,303 @@
+"""`csr-ros eval`: memory recall against decision latency, CSR against the usual alternatives.
+
+    csr-ros eval run1/ --questions q.jsonl --methods csr,window,bm25,none --json e.json --plot e.png
+    csr-ros eval episodes.jsonl --format ama --tau-mem 2048 --match tokens
+    csr-ros eval run1/ --questions q.jsonl --resource openai \
+        --url http://gpu:8001 --url http://gpu:8002
+
+Every method replays the same episode and is asked the same questions at the same times, on the
+same resource and model, one method after another. Budgets are parameters and take lists
+(`--tau-mem 1024,2048` runs CSR twice). A method whose budget is not given is matched to CSR:
+`--match tokens` gives the window and BM25 as many history tokens as CSR held on average,
+`--match ttft` gives them the history a prefill can process in CSR's TTFT p50 (measured
+prefill rate). Progress goes to stderr, the table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from csr_ros.errors import ConfigError
+
+FORMATS = ("auto", "bag", "ama")
+MATCHES = ("tokens", "ttft", "none")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", type=Path, nargs="+",
+                        help="bag (rosbag2 directory/file or ROS 1 .bag; several for a split "
+                             "bag), or AMA-Bench JSONL")
+    parser.add_argument("--questions", type=Path, default=None,
+                        help="questions JSONL (t_s, question, answer, choices?) for a bag")
+    parser.add_argument("--format", choices=FORMATS, default="auto",
+                        help="input format (auto: .jsonl is ama, --questions means bag)")
+    parser.add_argument("--methods", default="csr,window,bm25,none",
+                        help="comma-separated: csr, window, bm25, none (default all four)")
+    res = parser.add_argument_group("resource")
+    res.add_argument("--resource", choices=("local", "openai"), default="local")
+    res.add_argument("--url", action="append", default=None,
+                     help="OpenAI-compatible server; twice for CSR's R1 and R2 on two servers")
+    res.add_argument("--model", default=None,
+                     help="local: model dir or 'smollm2' (default); openai: the served model id")
+    res.add_argument("--threads", type=int, default=None, help="local engine CPU threads")
+    res.add_argument("--max-context", type=int, default=None,
+                     help="context tokens (default: the model's, at most 8192 locally)")
+    budget = parser.add_argument_group("budgets (comma-separated lists run each value)")
+    budget.add_argument("--tau-mem", default=None,
+                        help="CSR: evict when the static part reaches this many tokens "
+                             "(default: half the context)")
+    budget.add_argument("--eviction", default="oldest_fraction",
+                        choices=("oldest_fraction", "keep_recent_tokens"))
+    budget.add_argument("--eviction-fraction", type=float, default=0.5,
+                        help="oldest_fraction: share of chunks evicted per cycle (default 0.5)")
+    budget.add_argument("--keep-tokens", type=int, default=None,
+                        help="keep_recent_tokens: chunk tokens kept (default tau_mem / 2)")
+    budget.add_argument("--reserve-tokens", type=int, default=256)
+    budget.add_argument("--n-catchup", type=int, default=64)
+    budget.add_argument("--window-tokens", default=None, help="window: history tokens K")
+    budget.add_argument("--bm25-k", default=None, help="bm25: chunks retrieved k")
+    budget.add_argument("--match", choices=MATCHES, default="tokens",
+                        help="budgets not given are matched to CSR's (default tokens)")
+    ask = parser.add_argument_group("asking")
+    ask.add_argument("--max-new-tokens", type=int, default=16, help="greedy answers")
+    ask.add_argument("--choice-score", choices=("mean", "sum"), default="mean",
+                     help="a choice's log-likelihood per token (mean, default) or summed")
+    ask.add_argument("--openai-choices", choices=("auto", "logprobs", "generate"),
+                     default="auto", help="choices over HTTP: echo logprobs or a greedy answer "
+                                          "matched to them (auto: logprobs on vLLM/SGLang)")
+    src = parser.add_argument_group("input")
+    src.add_argument("--params", type=Path, default=None,
+                     help="bag: parameters file with the aggregator's sources")
+    src.add_argument("--topics", nargs="+", default=None, help="bag: only these topics")
+    src.add_argument("--episodes", type=int, default=None, help="ama: the first N episodes")
+    src.add_argument("--max-questions", type=int, default=None,
+                     help="ask only the first N questions (in time order) of each episode")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", type=Path, default=None, help="write rows and answers as JSON")
+    out.add_argument("--markdown", type=Path, default=None, help="write the table as markdown")
+    out.add_argument("--plot", type=Path, default=None, help="PNG: accuracy against TTFT")
+    out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    from csr_ros.eval.report import markdown_table, plot_accuracy_vs_ttft, summarize
+    from csr_ros.eval.run import MethodSpec, evaluate, records_as_dicts
+
+    progress = None if args.quiet else _progress
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise ConfigError("--methods names no method")
+    for m in methods:
+        MethodSpec(m)                                  # validates the name
+    fmt, episodes = load_input(args)
+    if args.max_questions is not None:
+        for e in episodes:
+            e.questions = sorted(e.questions, key=lambda q: q.t_s)[:args.max_questions]
+    n_questions = sum(len(e.questions) for e in episodes)
+    n_obs = sum(len(e.observations) for e in episodes)
+    _say(progress, f"{fmt}: {len(episodes)} episode(s), {n_obs} observations, "
+                   f"{n_questions} questions")
+    resources = make_resources(args)
+    started = time.monotonic()
+    try:
+        max_context = resources.max_context_tokens
+        csr_specs = [MethodSpec("csr", csr_budget(args, tau, max_context))
+                     for tau in _ints(args.tau_mem, default=[max_context // 2], what="--tau-mem")]
+        kwargs = dict(max_new_tokens=args.max_new_tokens, choice_score=args.choice_score,
+                      openai_choices=args.openai_choices, progress=progress)
+        resources.warm_up()
+        records, runs = [], []
+        if "csr" in methods:
+            r, u = evaluate(episodes, csr_specs, resources, **kwargs)
+            records += r
+            runs += u
+        csr_rows = summarize(records, runs)
+        others = []
+        for name in methods:
+            if name == "csr":
+                continue
+            for budget in other_budgets(name, args, csr_rows, resources, episodes, progress):
+                others.append(MethodSpec(name, budget))
+        if others:
+            r, u = evaluate(episodes, others, resources, **kwargs)
+            records += r
+            runs += u
+    finally:
+        resources.close()
+    rows = summarize(records, runs)
+    table = markdown_table(rows)
+    print(table)
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(table + "\n", encoding="utf-8")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"input": [str(p) for p in args.input], "format": fmt,
+                "resource": args.resource, "urls": args.url, "model": args.model or "smollm2",
+                "max_context_tokens": max_context, "match": args.match,
+                "choice_score": args.choice_score, "n_episodes": len(episodes),
+                "n_questions": n_questions, "wall_s": time.monotonic() - started,
+                "argv": sys.argv[1:]}
+        args.json.write_text(json.dumps({"methods": rows, "meta": meta,
+                                         "questions": records_as_dicts(records)}, indent=1),
+                             encoding="utf-8")
+        _say(progress, f"wrote {args.json}")
+    if args.plot is not None:
+        title = (f"{fmt}: {n_questions} questions, {args.resource} resource, budgets matched "
+                 f"by {args.match}")
+        _say(progress, f"wrote {plot_accuracy_vs_ttft(rows, args.plot, title=title)}")
+    return 0
+
+
+# -- inputs -------------------------------------------------------------------------------------
+
+def load_input(args) -> tuple[str, list]:
+    from csr_ros.eval import episode as ep
+
+    fmt = args.format
+    first = args.input[0]
+    if fmt == "auto":
+        if args.questions is not None:
+            fmt = "bag"
+        elif first.suffix == ".jsonl":
+            fmt = "ama"
+        else:
+            raise ConfigError(f"cannot tell the format of {first}: pass --format, and "
+                              "--questions for a bag")
+    if fmt == "ama":
+        if len(args.input) != 1:
+            raise ConfigError("--format ama reads one JSONL file")
+        return fmt, ep.ama_episodes(first, limit=args.episodes)
+    if fmt == "bag":
+        if args.questions is None:
+            raise ConfigError("a bag needs --questions (JSONL with t_s, question, answer)")
+        questions = ep.load_questions(args.questions)
+        return fmt, [ep.bag_episode(list(args.input), questions, params=args.params,
+                                    topics=args.topics)]
+    raise AssertionError(f"unhandled format {fmt}")
+
+
+def make_resources(args):
+    from csr_ros.eval.run import EvalResources
+
+    if args.resource == "local":
+        if args.url:
+            raise ConfigError("--url is for --resource openai")
+        model = args.model or "smollm2"
+        max_context = args.max_context
+        if max_context is None:
+            from csr_ros.model_store import resolve_model_dir
+
+            config = json.loads((resolve_model_dir(model) / "config.json").read_text())
+            max_context = min(8192, int(config.get("max_position_embeddings") or 8192))
+        return EvalResources.local(model, max_context_tokens=max_context, threads=args.threads)
+    if not args.url:
+        raise ConfigError("--resource openai needs --url (once, or twice for R1 and R2)")
+    options = {"max_context_tokens": args.max_context}
+    if args.model:
+        options["model"] = args.model
+    return EvalResources.openai(args.url, **options)
+
+
+# -- budgets ------------------------------------------------------------------------------------
+
+def csr_budget(args, tau_mem: int, max_context: int) -> dict:
+    budget = {"tau_mem_tokens": tau_mem, "max_context_tokens": max_context,
+              "eviction": args.eviction, "reserve_tokens": args.reserve_tokens,
+              "n_catchup_tokens": args.n_catchup}
+    if args.eviction == "oldest_fraction":
+        budget["eviction_params"] = {"fraction": args.eviction_fraction}
+    else:
+        budget["eviction_params"] = {"keep_tokens": args.keep_tokens or tau_mem // 2}
+    return budget
+
+
+def other_budgets(name: str, args, csr_rows: list[dict], resources, episodes,
+                  progress) -> list[dict]:
+    """The window's and BM25's budgets: as given, else matched to each CSR row."""
+    if name == "none":
+        return [{}]
+    given = args.window_tokens if name == "window" else args.bm25_k
+    what = "--window-tokens" if name == "window" else "--bm25-k"
+    if given is not None:
+        values = _ints(given, default=[], what=what)
+        return [{"window_tokens": v} if name == "window" else {"k": v} for v in values]
+    if args.match == "none" or not csr_rows:
+        default = [512] if name == "window" else [8]
+        if args.match != "none":
+            _say(progress, f"{name}: no CSR run to match; {what} {default[0]}")
+        return [{"window_tokens": v} if name == "window" else {"k": v} for v in default]
+    chunk_tokens = mean_chunk_tokens(resources, episodes)
+    budgets = []
+    for row in csr_rows:
+        history = row["history_tokens_mean"] or 0.0
+        if args.match == "ttft":
+            rate = prefill_rate(resources, episodes, progress)
+            dynamic = max(0.0, row["prompt_tokens_mean"] - row["history_tokens_mean"])
+            history = max(0.0, row["ttft_p50_s"] * rate - dynamic)
+        tokens = int(round(history))
+        budget = ({"window_tokens": tokens} if name == "window"
+                  else {"k": max(1, int(round(tokens / max(chunk_tokens, 1.0))))})
+        _say(progress, f"{name}: {budget} matches {row['label']} by {args.match} "
+                       f"({tokens} history tokens; chunks {chunk_tokens:.0f} tokens on average)")
+        budgets.append(budget)
+    return budgets
+
+
+def mean_chunk_tokens(resources, episodes) -> float:
+    counts = [len(resources.tokenizer.encode_data(o.text)) for e in episodes
+              for o in e.observations if not o.instant]
+    return sum(counts) / len(counts) if counts else 1.0
+
+
+_rate_cache: dict[int, float] = {}
+
+
+def prefill_rate(resources, episodes, progress, n_tokens: int = 512) -> float:
+    """Prefill tokens/s on the primary after a cached prefix (the episode's own text)."""
+    key = id(resources)
+    if key in _rate_cache:
+        return _rate_cache[key]
+    from csr_ros.state import CsrState
+
+    state = CsrState(tokenizer=resources.tokenizer, layout=resources.layout, profile="rate",
+                     mode=resources.mode)
+    for e in episodes:
+        for o in e.observations:
+            if not o.instant and state.n_static < n_tokens + len(state.prefix_ids):
+                state.add(o.text, source=o.source, stamp_ns=o.stamp_ns)
+    resource = resources.primary
+    resource.load(state.prefix_ids, state.prefix_text if resources.mode == "text" else None)
+    ids = state.static_ids[len(state.prefix_ids):]
+    text = state.static_text[len(state.prefix_text):] if resources.mode == "text" else None
+    result = resource.extend(ids, text)
+    rate = len(ids) / max(result.seconds, 1e-6)
+    _say(progress, f"prefill rate {rate:.0f} tokens/s "
+                   f"({len(ids)} tokens in {result.seconds:.2f} s)")
+    _rate_cache[key] = rate
+    return rate
+
+
+def _ints(text: str | None, *, default: list[int], what: str) -> list[int]:
+    if text is None:
+        return default
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{what} takes comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise ConfigError(f"{what} takes non-negative integers, got {text!r}")
+    return values
+
+
+def _say(progress, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
