@@ -322,3 +322,62 @@ def test_a_bag_evaluation_asks_each_question_at_its_time(speech_bag, tmp_path):
     assert all(q["history_tokens"] <= 48 for q in window)
     # questions at different times: the window slid, so it recomputed its history
     assert all(w["recomputed_tokens"] > c["recomputed_tokens"] for w, c in zip(window[1:], csr[1:]))
+
+
+# -- (c) the synthetic patrol -------------------------------------------------------------------
+
+EVENTS = [
+    {"kind": "utterance", "t_s": 10.0, "speaker": "alice", "request": "please bring me the keys"},
+    {"kind": "detection", "t_s": 20.0, "object": "keys", "room": "bedroom"},
+    {"kind": "action", "t_s": 30.0, "name": "pick", "target": "keys", "result": "succeeded"},
+    {"kind": "room_visit", "t_s": 31.0, "room": "kitchen"},
+    {"kind": "detection", "t_s": 70.0, "object": "keys", "room": "kitchen"},
+    {"kind": "utterance", "t_s": 200.0, "speaker": "alice", "request": "where did I leave my phone?"},
+    {"kind": "action", "t_s": 250.0, "name": "open", "target": "door", "result": "failed"},
+]
+
+
+def test_patrol_questions_are_answered_by_the_events_before_them():
+    from csr_ros.eval.patrol import patrol_questions
+
+    questions = patrol_questions(EVENTS, 400.0, n_questions=40, seed=3)
+    assert len(questions) == 40
+    for q in questions:
+        assert q.answer in q.choices and q.t_s >= 60.0
+        if q.kind == "last_seen":
+            assert q.answer == ("bedroom" if q.t_s < 71.0 else "kitchen")
+        elif q.kind == "asked_for":
+            assert q.answer == ("please bring me the keys" if q.t_s < 201.0
+                                else "where did I leave my phone?")
+        elif q.kind == "last_result":
+            assert q.answer == ("pick(keys): succeeded" if q.t_s < 251.0
+                                else "open(door): failed")
+        else:
+            age_s = q.t_s - (10.0 if q.t_s < 201.0 else 200.0)
+            assert q.answer == ("under 1 minute" if age_s < 60 else "1 to 3 minutes"
+                                if age_s < 180 else "3 to 6 minutes" if age_s < 360
+                                else "over 6 minutes")
+    assert {q.kind for q in questions} == {"last_seen", "asked_for", "last_result",
+                                           "how_long_ago"}
+    assert questions == patrol_questions(EVENTS, 400.0, n_questions=40, seed=3)
+
+
+def test_a_patrol_directory_becomes_an_episode_whose_chunks_hold_each_answer(tmp_path):
+    from csr_ros.eval.patrol import patrol_episode
+
+    episode = patrol_episode(tmp_path / "patrol", duration_s=150.0, n_questions=16, seed=1)
+    assert (tmp_path / "patrol" / "ground_truth.json").is_file()
+    assert len(episode.questions) == 16 and episode.clock
+    texts = [(o.t_s, o.text) for o in episode.observations if not o.instant]
+    assert texts[0][1].startswith("0s ")
+    for q in episode.questions:
+        before = " ".join(text for t, text in texts if t <= q.t_s)
+        if q.kind == "last_seen":
+            assert q.question.split("the ", 1)[1].removesuffix(" last seen?") in before
+        elif q.kind == "asked_for":
+            assert q.answer in before
+        elif q.kind == "last_result":
+            assert q.answer in before
+    with pytest.raises(ConfigError, match="holds no ground_truth.json"):
+        (tmp_path / "empty").mkdir()
+        patrol_episode(tmp_path / "empty")

@@ -148,7 +148,8 @@ def bag_episode(paths: list[Path], questions: list[Question], *, params: Path | 
                 topics: list[str] | None = None, name: str | None = None) -> EvalEpisode:
     """Render a bag with the aggregator's code (sources, rate limits, renderer) into an episode.
 
-    `t_s` = 0 is the bag time of the first message of a rendered source.
+    `t_s` = 0 is the bag time of the first message of a rendered source (the renderer's
+    clock starts there too); an observation's `t_s` is the bag time it was emitted at.
     """
     from csr_ros.tools.replay import read_bag, replay_chunks, sources_for
 
@@ -169,7 +170,7 @@ def bag_episode(paths: list[Path], questions: list[Question], *, params: Path | 
         raise ConfigError(f"no chunks rendered from {[str(p) for p in paths]}: no message on the "
                           f"sources {sorted(sources)}")
     start_ns = first_ns[0]
-    observations = [Observation(t_s=max(0.0, (c.stamp_ns - start_ns) / NS_PER_S),
+    observations = [Observation(t_s=max(0.0, (c.t_ns - start_ns) / NS_PER_S),
                                 source=c.source, text=c.text, stamp_ns=c.stamp_ns,
                                 instant=c.instant) for c in chunks]
     end_s = max(o.t_s for o in observations)

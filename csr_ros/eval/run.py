@@ -206,8 +206,7 @@ def _run_episode(method, episode: EvalEpisode, *, max_new_tokens: int, choice_sc
         question = item
         suffix = ""
         if episode.clock:
-            now_ns = episode.start_ns + int(round(question.t_s * NS_PER_S))
-            suffix = build_suffix(instant, now_ns, stale_s=INSTANT_STALE_S)
+            suffix = clock_suffix(instant, question.t_s, episode.start_ns)
         resource, request, prepared = method.prompt(task_text(question), suffix,
                                                     question.question)
         answer = ask(resource, request, choices=question.choices, tokenizer=tokenizer,
@@ -243,6 +242,15 @@ def _n_chunks(request, method) -> int:
     if isinstance(method, CsrMethod):
         return len(method.reconciler.machine.active.chunks)
     return method.last_n_chunks
+
+
+def clock_suffix(instant: dict[str, InstantValue], t_s: float, start_ns: int) -> str:
+    """The dynamic suffix of a question at episode time `t_s`: the current time on the chunks'
+    clock (whole seconds since the first message, as the renderer prefixes chunks), then the
+    fresh instant values with their ages, as the policy node builds them."""
+    now_ns = start_ns + int(round(t_s * NS_PER_S))
+    lines = build_suffix(instant, now_ns, stale_s=INSTANT_STALE_S).splitlines()[1:]
+    return "\n".join([f"now: {int(t_s)}s"] + lines)
 
 
 def records_as_dicts(records: Sequence[QuestionRecord]) -> list[dict]:

@@ -2,6 +2,7 @@
 
     csr-ros eval run1/ --questions q.jsonl --methods csr,window,bm25,none --json e.json --plot e.png
     csr-ros eval episodes.jsonl --format ama --tau-mem 2048 --match tokens
+    csr-ros eval patrol_out/ --format patrol --duration-s 600 --n-questions 60
     csr-ros eval run1/ --questions q.jsonl --resource openai \
         --url http://gpu:8001 --url http://gpu:8002
 
@@ -23,14 +24,14 @@ from pathlib import Path
 
 from csr_ros.errors import ConfigError
 
-FORMATS = ("auto", "bag", "ama")
+FORMATS = ("auto", "bag", "ama", "patrol")
 MATCHES = ("tokens", "ttft", "none")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", type=Path, nargs="+",
                         help="bag (rosbag2 directory/file or ROS 1 .bag; several for a split "
-                             "bag), or AMA-Bench JSONL")
+                             "bag), AMA-Bench JSONL, or a patrol directory (written if absent)")
     parser.add_argument("--questions", type=Path, default=None,
                         help="questions JSONL (t_s, question, answer, choices?) for a bag")
     parser.add_argument("--format", choices=FORMATS, default="auto",
@@ -76,6 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--episodes", type=int, default=None, help="ama: the first N episodes")
     src.add_argument("--max-questions", type=int, default=None,
                      help="ask only the first N questions (in time order) of each episode")
+    src.add_argument("--duration-s", type=float, default=600.0,
+                     help="patrol: robot time generated when INPUT does not exist (default 600)")
+    src.add_argument("--n-questions", type=int, default=60, help="patrol: questions generated")
+    src.add_argument("--seed", type=int, default=0, help="patrol: generator seed")
+    src.add_argument("--questions-out", type=Path, default=None,
+                     help="patrol: also write the generated questions as JSONL")
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, default=None, help="write rows and answers as JSON")
     out.add_argument("--markdown", type=Path, default=None, help="write the table as markdown")
@@ -165,6 +172,8 @@ def load_input(args) -> tuple[str, list]:
             fmt = "bag"
         elif first.suffix == ".jsonl":
             fmt = "ama"
+        elif (first / "ground_truth.json").exists():
+            fmt = "patrol"
         else:
             raise ConfigError(f"cannot tell the format of {first}: pass --format, and "
                               "--questions for a bag")
@@ -178,7 +187,17 @@ def load_input(args) -> tuple[str, list]:
         questions = ep.load_questions(args.questions)
         return fmt, [ep.bag_episode(list(args.input), questions, params=args.params,
                                     topics=args.topics)]
-    raise AssertionError(f"unhandled format {fmt}")
+    from csr_ros.eval.patrol import patrol_episode
+
+    if len(args.input) != 1:
+        raise ConfigError("--format patrol takes one directory")
+    episode = patrol_episode(first, duration_s=args.duration_s, n_questions=args.n_questions,
+                             seed=args.seed, params=args.params)
+    if args.questions_out is not None:
+        from csr_ros.eval.episode import write_questions
+
+        write_questions(episode.questions, args.questions_out)
+    return fmt, [episode]
 
 
 def make_resources(args):

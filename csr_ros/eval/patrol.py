@@ -1,0 +1,153 @@
+"""The synthetic patrol as an evaluation input: the bag `csr_ros.patrol` writes, rendered by
+the aggregator's code, and questions generated from its ground truth.
+
+    episode = patrol_episode("patrol_bag", duration_s=600, n_questions=60, seed=0)
+
+Question kinds (multiple choice, four options, answers taken from the ground-truth events that
+happened before the question's time; the chunks say the same, so every one is answerable from
+a complete memory):
+- last_seen:     "Where was the <object> last seen?"            → the room of its last detection
+- asked_for:     "What did <speaker> last ask the robot?"      → the request's words
+- last_result:   "What did the robot's last action return?"    → "name(target): result"
+- how_long_ago:  "How long ago did <speaker> last speak?"      → under 1 / 1-3 / 3-6 / over 6 min
+
+Question times are drawn uniformly after the first minute; kinds take turns. Deterministic for
+a seed. Pure apart from `patrol_episode`, which reads (or writes) the bag.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Sequence
+
+from csr_ros.errors import ConfigError
+from csr_ros.eval.episode import EvalEpisode, Question, bag_episode
+
+KINDS = ("last_seen", "asked_for", "last_result", "how_long_ago")
+AGE_BUCKETS = ((60.0, "under 1 minute"), (180.0, "1 to 3 minutes"), (360.0, "3 to 6 minutes"),
+               (float("inf"), "over 6 minutes"))
+FIRST_QUESTION_S = 60.0
+MARGIN_S = 1.0                 # an event is asked about only once its chunk is surely out
+
+
+def default_params() -> Path | None:
+    """config/csr_ros.yaml of a source checkout (the aggregator's sources for the patrol)."""
+    path = Path(__file__).resolve().parents[2] / "config" / "csr_ros.yaml"
+    return path if path.is_file() else None
+
+
+def patrol_episode(directory: str | Path, *, duration_s: float = 600.0, n_questions: int = 60,
+                   seed: int = 0, params: Path | None = None, storage: str = "mcap"
+                   ) -> EvalEpisode:
+    """Read the patrol bag in `directory` (written first when it does not exist) and its
+    ground truth; `params` (default: config/csr_ros.yaml) gives the aggregator's sources."""
+    from csr_ros.patrol import GROUND_TRUTH_FILE, generate_patrol, load_truth
+
+    directory = Path(directory)
+    if not directory.exists():
+        generate_patrol(directory, duration_s=duration_s, seed=seed, storage=storage)
+    elif not (directory / GROUND_TRUTH_FILE).is_file():
+        raise ConfigError(f"{directory} exists but holds no {GROUND_TRUTH_FILE}: not a patrol "
+                          "bag (pass a new directory to write one)")
+    truth = load_truth(directory)
+    questions = patrol_questions(truth.events, truth.duration_s, n_questions=n_questions,
+                                 seed=seed)
+    params = params or default_params()
+    if params is None:
+        raise ConfigError("no parameters file for the patrol's sources: pass --params "
+                          "config/csr_ros.yaml")
+    episode = bag_episode([directory], questions, params=params,
+                          name=f"patrol-{truth.seed}-{int(truth.duration_s)}s")
+    episode.meta.update(duration_s=truth.duration_s, seed=truth.seed)
+    return episode
+
+
+def patrol_questions(events: Sequence[dict[str, Any]], duration_s: float, *,
+                     n_questions: int = 60, seed: int = 0) -> list[Question]:
+    if n_questions < 1:
+        raise ConfigError(f"n_questions must be >= 1, got {n_questions}")
+    if duration_s <= FIRST_QUESTION_S + 1.0:
+        raise ConfigError(f"the patrol lasts {duration_s:.0f} s; questions start after "
+                          f"{FIRST_QUESTION_S:.0f} s: generate a longer one")
+    rng = random.Random(seed)
+    times = sorted(round(rng.uniform(FIRST_QUESTION_S, duration_s - 0.5), 1)
+                   for _ in range(n_questions))
+    pools = _pools(events)
+    questions: list[Question] = []
+    for i, t_s in enumerate(times):
+        for j in range(len(KINDS)):
+            kind = KINDS[(i + j) % len(KINDS)]
+            q = _ask(kind, t_s, events, pools, rng)
+            if q is not None:
+                questions.append(Question(t_s=t_s, question=q[0], answer=q[1],
+                                          choices=tuple(q[2]), kind=kind, qid=f"q{i:03d}"))
+                break
+    if not questions:
+        raise ConfigError("the patrol has no event to ask about; generate a longer one")
+    return questions
+
+
+def _pools(events: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    rooms = sorted({e["room"] for e in events if e["kind"] in ("detection", "room_visit")})
+    return {"rooms": rooms,
+            "requests": sorted({e["request"] for e in events if e["kind"] == "utterance"}),
+            "actions": sorted({_action_text(e) for e in events if e["kind"] == "action"})}
+
+
+def _action_text(e: dict[str, Any]) -> str:
+    return f"{e['name']}({e['target']}): {e['result']}"
+
+
+def _before(events, kind: str, t_s: float) -> list[dict[str, Any]]:
+    return [e for e in events if e["kind"] == kind and e["t_s"] + MARGIN_S <= t_s]
+
+
+def _options(answer: str, pool: Sequence[str], rng: random.Random, n: int = 4) -> list[str]:
+    others = sorted(set(pool) - {answer})
+    picked = rng.sample(others, min(n - 1, len(others))) + [answer]
+    rng.shuffle(picked)
+    return picked
+
+
+def _ask(kind: str, t_s: float, events, pools, rng: random.Random):
+    """(question, answer, choices) or None when nothing of this kind happened yet."""
+    if kind == "last_seen":
+        seen = _before(events, "detection", t_s)
+        if not seen:
+            return None
+        last = {}
+        for e in seen:
+            last[e["object"]] = e
+        obj = rng.choice(sorted(last))
+        answer = last[obj]["room"]
+        return (f"Where was the {obj} last seen?", answer,
+                _options(answer, pools["rooms"], rng))
+    if kind in ("asked_for", "how_long_ago"):
+        said = _before(events, "utterance", t_s)
+        if not said:
+            return None
+        last = {}
+        for e in said:
+            last[e["speaker"]] = e
+        speaker = rng.choice(sorted(last))
+        e = last[speaker]
+        if kind == "asked_for":
+            options = _options(e["request"], pools["requests"], rng)
+            if len(options) < 2:
+                return None
+            return f"What did {speaker} last ask the robot?", e["request"], options
+        age_s = t_s - e["t_s"]
+        answer = next(label for limit, label in AGE_BUCKETS if age_s < limit)
+        return (f"How long ago did {speaker} last speak to the robot?", answer,
+                [label for _, label in AGE_BUCKETS])
+    if kind == "last_result":
+        done = _before(events, "action", t_s)
+        if not done:
+            return None
+        answer = _action_text(done[-1])
+        options = _options(answer, pools["actions"], rng)
+        if len(options) < 2:
+            return None
+        return "What did the robot's last action return?", answer, options
+    raise AssertionError(f"unknown question kind {kind}")
