@@ -3,37 +3,51 @@ in-process (local) resources plus the policy node in one process (all_in_one).
 
     ros2 launch csr_ros all.launch.py                   # the embedded SmolLM2 on the CPU
     ros2 launch csr_ros all.launch.py model:=/models/qwen threads:=4
+
+`resource.kind` is always 'local' here. The other launch arguments set their parameter only
+when given; otherwise the params file's value (or the node's default) holds.
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument
-from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.substitutions import PathJoinSubstitution
 from launch_ros.actions import Node
-from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
+
+from csr_ros.launch_args import check_params_file, given_overrides
+
+OVERRIDES = {"model": ("model", str), "threads": ("resource.threads", int),
+             "use_sim_time": ("use_sim_time", bool)}
+
+
+def nodes(context):
+    args = context.launch_configurations
+    params_file = check_params_file(args["params_file"])
+    sim_time = given_overrides(args, {"use_sim_time": OVERRIDES["use_sim_time"]})
+    local = {"resource.kind": "local", **given_overrides(args, OVERRIDES)}
+    return [
+        Node(package="csr_ros", executable="aggregator", name="aggregator", output="screen",
+             parameters=[params_file, sim_time]),
+        # the node names come from the code (reconciler, policy); no name= for two nodes
+        Node(package="csr_ros", executable="all_in_one", output="screen",
+             parameters=[params_file, local]),
+    ]
 
 
 def generate_launch_description():
-    params_file = LaunchConfiguration("params_file")
-    sim_time = {"use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool)}
-    model = LaunchConfiguration("model")
-    local = {"resource.kind": "local", "model": model,
-             "resource.threads": ParameterValue(LaunchConfiguration("threads"), value_type=int)}
     return LaunchDescription([
         DeclareLaunchArgument(
             "params_file",
             default_value=PathJoinSubstitution([FindPackageShare("csr_ros"), "config",
                                                 "csr_ros.yaml"]),
             description="ROS 2 parameters file of the csr_ros nodes"),
-        DeclareLaunchArgument("use_sim_time", default_value="false",
-                              description="follow /clock (a bag played with --clock)"),
-        DeclareLaunchArgument("model", default_value="smollm2",
-                              description="'smollm2' (embedded default) or a model directory"),
-        DeclareLaunchArgument("threads", default_value="0",
-                              description="CPU threads per local engine (0 = default)"),
-        Node(package="csr_ros", executable="aggregator", name="aggregator", output="screen",
-             parameters=[params_file, sim_time]),
-        # the node names come from the code (reconciler, policy); no name= for two nodes
-        Node(package="csr_ros", executable="all_in_one", output="screen",
-             parameters=[params_file, sim_time, local]),
+        DeclareLaunchArgument("use_sim_time", default_value="",
+                              description="true: follow /clock (a bag played with --clock)"),
+        DeclareLaunchArgument("model", default_value="",
+                              description="'smollm2' (embedded default) or a model directory "
+                                          "('' = the params file's)"),
+        DeclareLaunchArgument("threads", default_value="",
+                              description="CPU threads per local engine ('' = the params "
+                                          "file's; 0 = default)"),
+        OpaqueFunction(function=nodes),
     ])

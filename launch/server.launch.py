@@ -4,31 +4,43 @@
 
 With start_servers:=true, `csr-ros serve vllm` starts R1 and R2 (one per GPU) from the vLLM
 config; the reconciler retries until they are healthy (loading a large model takes minutes).
+r1_url, r2_url and model set their parameter only when given; otherwise the params file's
+value (or the node's default) holds.
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, ExecuteProcess
+from launch.actions import DeclareLaunchArgument, ExecuteProcess, OpaqueFunction
 from launch.conditions import IfCondition
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
+from csr_ros.launch_args import check_params_file, given_overrides
+
+OVERRIDES = {"r1_url": ("resource.r1_url", str), "r2_url": ("resource.r2_url", str),
+             "model": ("model", str)}
+
+
+def nodes(context):
+    args = context.launch_configurations
+    params_file = check_params_file(args["params_file"])
+    return [Node(package="csr_ros", executable="reconciler", name="reconciler", output="screen",
+                 parameters=[params_file, given_overrides(args, OVERRIDES)])]
+
 
 def generate_launch_description():
     share = FindPackageShare("csr_ros")
-    params_file = LaunchConfiguration("params_file")
-    urls = {"resource.r1_url": LaunchConfiguration("r1_url"),
-            "resource.r2_url": LaunchConfiguration("r2_url")}
     return LaunchDescription([
         DeclareLaunchArgument(
             "params_file", default_value=PathJoinSubstitution([share, "config", "csr_ros.yaml"]),
             description="ROS 2 parameters file of the csr_ros nodes"),
-        DeclareLaunchArgument("r1_url", default_value="http://127.0.0.1:8001",
-                              description="URL of inference server R1"),
-        DeclareLaunchArgument("r2_url", default_value="http://127.0.0.1:8002",
-                              description="URL of inference server R2"),
-        DeclareLaunchArgument("model", default_value="smollm2",
-                              description="model directory whose tokenizer builds the prompt"),
+        DeclareLaunchArgument("r1_url", default_value="",
+                              description="URL of inference server R1 ('' = the params file's)"),
+        DeclareLaunchArgument("r2_url", default_value="",
+                              description="URL of inference server R2 ('' = the params file's)"),
+        DeclareLaunchArgument("model", default_value="",
+                              description="model directory whose tokenizer builds the prompt "
+                                          "('' = the params file's)"),
         DeclareLaunchArgument("start_servers", default_value="false",
                               description="also start the two vLLM servers (csr-ros serve vllm)"),
         DeclareLaunchArgument(
@@ -38,7 +50,5 @@ def generate_launch_description():
                             LaunchConfiguration("vllm_config")],
                        name="vllm_servers", output="screen",
                        condition=IfCondition(LaunchConfiguration("start_servers"))),
-        Node(package="csr_ros", executable="reconciler", name="reconciler", output="screen",
-             parameters=[params_file, {**urls,
-                                       "model": LaunchConfiguration("model")}]),
+        OpaqueFunction(function=nodes),
     ])
