@@ -288,6 +288,40 @@ def parse_sources(names: Sequence[str], values: Mapping[str, Any], *,
 
 _TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a float",
                str: "a string", list: "a list"}
+_VALUE_WORDS = {bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+                list: "a list", dict: "a mapping", type(None): "empty"}
+
+
+def type_problem(spec: ParamSpec, value: Any) -> str | None:
+    """What is wrong with the type of `value` for `spec`, said about this value; None if it
+    fits. ROS 2 parameters are typed, so an integer does not set a float parameter."""
+    kind = spec.kind
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return (f"must be a float: write {value}.0, not {value} "
+                "(ROS 2 parameters are typed)")
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return None
+    what = _VALUE_WORDS.get(type(value), type(value).__name__)
+    msg = f"must be {_TYPE_WORDS[kind]}, got {what} {value!r}"
+    if kind in (int, float) and isinstance(value, str):
+        example = "2.0" if kind is float else "2"
+        msg += f": {value!r} is a string, not a number (write a number such as {example}"
+        msg += ", unquoted)" if _is_number(value) else ")"
+    elif kind is bool and isinstance(value, str):
+        msg += ": write true or false, unquoted"
+    elif kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        msg += f": quote it (\"{value}\") to make it a string"
+    elif kind is list and not isinstance(value, list):
+        msg += f": write a list, e.g. [{value!r}]" if value not in (None, "") else ""
+    return msg
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _check(node: str, spec: ParamSpec, value: Any, given: bool) -> Any:
@@ -295,13 +329,9 @@ def _check(node: str, spec: ParamSpec, value: Any, given: bool) -> Any:
     if spec.required and (not given or value in ("", [], None)):
         raise ConfigError(f"{where} is missing: {spec.description}")
     kind = spec.kind
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        # ROS parameters are typed: an integer in the YAML does not set a double parameter.
-        raise ConfigError(f"{where} must be a float: write {value}.0, not {value} "
-                          "(ROS 2 parameters are typed)")
-    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        msg = f"{where} must be {_TYPE_WORDS[kind]}, got {type(value).__name__} {value!r}"
-        raise ConfigError(msg)
+    problem = type_problem(spec, value)
+    if problem is not None:
+        raise ConfigError(f"{where} {problem}")
     if kind is list:
         element = spec.element or (type(spec.default[0]) if spec.default else str)
         bad = [x for x in value if not isinstance(x, element)]
@@ -399,10 +429,42 @@ def match_publishers(publishers: Sequence[tuple[bool, bool]]) -> QosChoice:
     """Subscription QoS from the publishers' (reliable, transient_local) offers.
 
     Reliable only if every publisher is reliable; transient local only if every publisher is.
-    With no publisher yet: best effort and volatile, which match every publisher (a reliable
-    publisher serves a best-effort subscriber), so nothing is missed while waiting.
+    With no publisher yet: reliable and volatile. A best-effort subscriber drops what a new
+    publisher sends before discovery completes on the subscriber's side (the first message of
+    `ros2 topic pub --once` is lost that way); a reliable one gets it retransmitted. A
+    best-effort publisher that appears later does not match it: the aggregator resubscribes
+    when it sees one (incompatible-QoS event, and the periodic recheck).
     """
     if not publishers:
-        return QosChoice(reliable=False, transient_local=False, matched=False)
+        return QosChoice(reliable=True, transient_local=False, matched=False)
     return QosChoice(reliable=all(r for r, _ in publishers),
                      transient_local=all(t for _, t in publishers), matched=True)
+
+
+# -- the command line of a node ------------------------------------------------------------------
+
+def params_files_in_args(args: Sequence[str]) -> list[str]:
+    """The `--params-file PATH` values of ROS arguments (inside `--ros-args ... [--]`)."""
+    files, inside, it = [], False, iter(args)
+    for arg in it:
+        if arg == "--ros-args":
+            inside = True
+        elif arg == "--" and inside:
+            inside = False
+        elif inside and arg == "--params-file":
+            files.append(next(it, ""))
+    return files
+
+
+def check_params_files(args: Sequence[str]) -> None:
+    """Each params file of a node's command line exists and is a parameters file, or a
+    ConfigError says which and why (before rclpy turns it into a raw RCLError)."""
+    for path in params_files_in_args(args):
+        if not path:
+            raise ConfigError("--params-file is given without a file")
+        if not Path(path).is_file():
+            where = "does not exist" if not Path(path).exists() else "is not a file"
+            raise ConfigError(f"parameters file {path} {where}; pass an existing file with "
+                              "--ros-args --params-file FILE (the package's own is "
+                              "config/csr_ros.yaml)")
+        load_params_file(path)
