@@ -9,8 +9,10 @@ File format (little-endian):
     magic   b"CSRLOG1\\n"
     record  u32 length | u32 crc32(length bytes) | u32 crc32(payload) | payload (length bytes)
 
-The payload is compact JSON: ``{"k": "chunk", "seq", "source", "stamp_ns", "text"}`` or
-``{"k": "version", "version", "first_seq", "next_seq", "reason"}``.
+The payload is compact JSON: ``{"k": "chunk", "seq", "source", "stamp_ns", "text"}``,
+``{"k": "version", "version", "first_seq", "next_seq", "reason"}`` or ``{"k": "stream", "id"}``
+(the aggregator stream whose chunks follow: a restarted aggregator keeps its stream id through
+its log; a version record with reason "stream" starts a new stream at seq 0 with no chunks).
 
 A crash can leave the last record torn (the file ends inside it, or its payload was never
 written and reads back wrong): opening the log detects that, warns, and truncates it. Damage
@@ -59,13 +61,29 @@ class VersionRecord:
     reason: str
 
 
-Record = Union[ChunkRecord, VersionRecord]
+@dataclass(frozen=True)
+class StreamRecord:
+    stream: str             # id of the chunk stream the following chunk records belong to
+
+
+Record = Union[ChunkRecord, VersionRecord, StreamRecord]
+
+
+def last_stream(records: Iterable[Record]) -> str:
+    """The stream id of the newest StreamRecord ('' if none)."""
+    found = ""
+    for record in records:
+        if isinstance(record, StreamRecord):
+            found = record.stream
+    return found
 
 
 def encode_record(record: Record) -> bytes:
     if isinstance(record, ChunkRecord):
         body = {"k": "chunk", "seq": int(record.seq), "source": record.source,
                 "stamp_ns": int(record.stamp_ns), "text": record.text}
+    elif isinstance(record, StreamRecord):
+        body = {"k": "stream", "id": record.stream}
     else:
         body = {"k": "version", "version": int(record.version),
                 "first_seq": int(record.first_seq), "next_seq": int(record.next_seq),
@@ -149,6 +167,9 @@ class ChunkLog:
         self._append(VersionRecord(version=Version(version), first_seq=Seq(first_seq),
                                    next_seq=Seq(next_seq), reason=reason))
 
+    def append_stream(self, stream: str) -> None:
+        self._append(StreamRecord(stream=stream))
+
     def _append(self, record: Record) -> None:
         self._file.write(encode_record(record))
         self._file.flush()
@@ -186,6 +207,13 @@ def rebuild_state(records: Iterable[Record], initial: CsrState) -> CsrState:
             ids = tuple(state.tokenizer.encode_data(record.text))
             state.append(Chunk(seq=record.seq, source=record.source, stamp_ns=record.stamp_ns,
                                text=record.text, token_ids=ids))
+            continue
+        if isinstance(record, StreamRecord):
+            continue
+        if record.reason == "stream":      # the chunk stream began again at seq 0
+            state = state.evicted(len(state.chunks))
+            state.next_seq = Seq(0)
+            state.version = record.version
             continue
         if record.next_seq > state.next_seq:
             msg = (f"version record v{record.version} covers chunks up to {record.next_seq} but "
@@ -271,6 +299,8 @@ def _decode(payload: bytes, where: str, pos: int) -> Record:
         if body["k"] == "chunk":
             return ChunkRecord(seq=Seq(body["seq"]), source=body["source"],
                                stamp_ns=int(body["stamp_ns"]), text=body["text"])
+        if body["k"] == "stream":
+            return StreamRecord(stream=str(body["id"]))
         if body["k"] == "version":
             return VersionRecord(version=Version(body["version"]),
                                  first_seq=Seq(body["first_seq"]),

@@ -2,10 +2,12 @@
 build the dynamic suffix, summarise health.
 
     SeqOrderer       chunk events in any order → gap-free; asks for missing ranges
-    StateFold        csr/chunks + csr/swaps → CsrState (the policy's view of the state)
+    StateFold        csr/chunks + csr/swaps → CsrState (the policy's view of the state);
+                     a new aggregator stream (restart without a chunk log) starts a new version
     QueryScheduler   ticks at rate_hz; never starts a query while one runs; counts skips
     build_suffix     latest 'instant' values + the current time → X_suffix
-    diagnose         counters and the last result → (level, message, key/values)
+    diagnose         counters, achieved decision rate, last result → (level, message, values)
+    ClockWatch       message times going backwards (bag loop, simulator reset) → a jump
 
 The node feeds plain views of its messages (`ChunkEvent`, `SwapEvent`) into these and turns
 their outputs back into ROS calls. Pure: no rclpy, no threads, no clocks (times come in).
@@ -31,12 +33,14 @@ OK, WARN, ERROR = 0, 1, 2
 
 @dataclass(frozen=True)
 class ChunkEvent:
-    """A StateChunk: `seq` is gap-free on csr/chunks."""
+    """A StateChunk: `seq` is gap-free on csr/chunks within one `stream` (the aggregator's
+    stream id; '' when the publisher does not say)."""
 
     seq: int
     source: str
     stamp_ns: int
     text: str
+    stream: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class SwapEvent:
     evicted_before_seq: int = 0
     caught_up_to_seq: int = 0
     reason: str = "swap"
+    stream: str = ""          # the aggregator stream the version's chunks come from
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,50 @@ class FoldCounters:
     rejected: int = 0            # text the chunk policy refused (a placeholder took its seq)
     swaps: int = 0
     stale_swaps: int = 0
+    starts: int = 0              # 'start' events of a (re)started reconciler, adopted
+    stream_restarts: int = 0     # new aggregator streams (restarted without its chunk log)
+    retired_chunks: int = 0      # chunks of an earlier stream that arrived after it ended
+
+
+class StreamTracker:
+    """Which aggregator stream the chunks come from. `see(stream)` says what a chunk's stream
+    means: 'same' (or unnamed), 'first' (the first one named), 'retired' (an earlier stream:
+    drop it), or 'new' (the aggregator began a new stream; the old one is retired)."""
+
+    def __init__(self, current: str = ""):
+        self.current = current
+        self.retired: set[str] = set()
+
+    def see(self, stream: str) -> str:
+        if not stream or stream == self.current:
+            return "same"
+        if stream in self.retired:
+            return "retired"
+        if not self.current:
+            self.current = stream
+            return "first"
+        self.retired.add(self.current)
+        self.current = stream
+        return "new"
+
+
+@dataclass(frozen=True)
+class StreamRestart:
+    """The aggregator started a new stream: its seqs begin again, so the chunks of the old
+    stream cannot be continued. They leave the state; the new stream is a new version."""
+
+    old_stream: str
+    new_stream: str
+    version: int                 # the version that begins with the new stream
+    dropped_chunks: int
+    dropped_tokens: int
+
+    def describe(self) -> str:
+        return (f"the aggregator restarted without its chunk log (stream {self.old_stream} → "
+                f"{self.new_stream}); its seqs begin again, so v{self.version} starts from the "
+                f"new stream and the {self.dropped_chunks} chunks ({self.dropped_tokens} "
+                "tokens) of the old one leave the state. Give the aggregator a chunk_log to "
+                "keep the history across restarts")
 
 
 class StateFold:
@@ -227,12 +276,20 @@ class StateFold:
         self.primary = ""
         self.primary_url = ""
         self.counters = FoldCounters()
+        self.streams = StreamTracker()         # '' until a chunk or a swap names one
+        self.last_restart: StreamRestart | None = None
+        self.needs_probe = False               # the state was reset: fetch the history again
+        self._max_held, self._max_fetch_attempts = max_held, max_fetch_attempts
         self.order = SeqOrderer(int(state.next_seq), max_held=max_held,
                                 max_fetch_attempts=max_fetch_attempts)
 
     @property
     def version(self) -> Version:
         return self.state.version
+
+    @property
+    def stream(self) -> str:
+        return self.streams.current
 
     @property
     def next_seq(self) -> int:
@@ -247,9 +304,15 @@ class StateFold:
         return self.order.counters.lost
 
     def on_chunk(self, event: ChunkEvent) -> FetchRequest | None:
+        if not self._follow_stream(event.stream):
+            return None
         return self._apply(self.order.offer(event))
 
-    def on_fetched(self, chunks: Sequence[ChunkEvent], first_available_seq: int) -> FetchRequest | None:
+    def on_fetched(self, chunks: Sequence[ChunkEvent], first_available_seq: int, *,
+                   stream: str = "") -> FetchRequest | None:
+        chunks = self._of_current_stream(chunks, stream)
+        if chunks is None:
+            return None
         return self._apply(self.order.fetched(chunks, first_available_seq))
 
     def on_fetch_failed(self) -> FetchRequest | None:
@@ -258,14 +321,41 @@ class StateFold:
     def on_swap(self, event: SwapEvent) -> bool:
         """Apply a version change; False (and counted) for a version that is not newer.
 
-        A 'start' event is the reconciler's first after a (re)start: it resets the version even
-        to a lower one, since a reconciler that restarted without its chunk log counts anew."""
-        restarted = event.reason == "start" and event.version != self.state.version
-        if event.version <= self.state.version and not restarted:
+        A 'start' event is the reconciler's first after a (re)start and is always adopted, even
+        with the version this fold already holds (a reconciler restarted without its chunk log
+        counts anew from the history it fetched): its version and eviction point replace the
+        fold's. Where the fold has already evicted chunks the reconciler still holds, the state
+        restarts empty at `evicted_before_seq` and `needs_probe` asks for the history again.
+        A swap of another stream than the fold's begins that stream (see `StreamRestart`).
+        """
+        if event.stream in self.streams.retired:
+            self.counters.stale_swaps += 1     # the reconciler has not seen the new stream yet
+            return False
+        self._follow_stream(event.stream)
+        if event.reason == "start":
+            return self._adopt_start(event)
+        if event.version <= self.state.version:
             self.counters.stale_swaps += 1
             if event.version == self.state.version and event.primary:
                 self.primary, self.primary_url = event.primary, event.primary_url
             return False
+        self._evict_to(event)
+        self.counters.swaps += 1
+        return True
+
+    def _adopt_start(self, event: SwapEvent) -> bool:
+        first_held = self.state.chunks[0].seq if self.state.chunks else self.state.next_seq
+        self.counters.starts += 1
+        if event.evicted_before_seq < first_held:
+            # the fold dropped chunks the restarted reconciler keeps: fetch them again
+            self._reset(version=event.version, next_seq=event.evicted_before_seq)
+            self.needs_probe = True
+            self.primary, self.primary_url = event.primary, event.primary_url
+            return True
+        self._evict_to(event)
+        return True
+
+    def _evict_to(self, event: SwapEvent) -> None:
         old = self.state
         kept = [c for c in old.chunks if c.seq >= event.evicted_before_seq]
         next_seq = max(int(old.next_seq), event.evicted_before_seq)
@@ -273,17 +363,57 @@ class StateFold:
                               mode=old.mode, policy=old.policy, version=Version(event.version),
                               next_seq=Seq(next_seq), chunks=kept)
         self.primary, self.primary_url = event.primary, event.primary_url
-        self.counters.swaps += 1
         self._apply(self.order.advance_to(next_seq))
+
+    # -- aggregator streams ----------------------------------------------------------------------
+
+    def _follow_stream(self, stream: str) -> bool:
+        """False for a chunk of a retired stream (dropped, counted). A stream other than the
+        current one begins a new version from its seq 0."""
+        old_stream = self.streams.current
+        seen = self.streams.see(stream)
+        if seen == "retired":
+            self.counters.retired_chunks += 1
+            return False
+        if seen != "new":
+            return True
+        old = self.state
+        self.last_restart = StreamRestart(
+            old_stream=old_stream, new_stream=stream, version=int(old.version) + 1,
+            dropped_chunks=len(old.chunks), dropped_tokens=old.n_static - len(old.prefix_ids))
+        self.counters.stream_restarts += 1
+        self._reset(version=int(old.version) + 1, next_seq=0)
         return True
+
+    def _of_current_stream(self, chunks: Sequence[ChunkEvent], stream: str):
+        """A GetChunks answer: its chunks, or None if it belongs to a retired stream."""
+        streams = {stream} | {c.stream for c in chunks}
+        streams.discard("")
+        for name in streams:
+            if not self._follow_stream(name):
+                return None
+        return chunks
+
+    def _reset(self, *, version: int, next_seq: int) -> None:
+        old = self.state
+        self.state = CsrState(tokenizer=old.tokenizer, layout=old.layout, profile=old.profile,
+                              mode=old.mode, policy=old.policy, version=Version(version),
+                              next_seq=Seq(next_seq), chunks=[])
+        self.order = SeqOrderer(next_seq, max_held=self._max_held,
+                                max_fetch_attempts=self._max_fetch_attempts)
 
     def gap(self) -> FetchRequest | None:
         return self.order.gap()
 
     def probe(self) -> FetchRequest | None:
+        self.needs_probe = False
         return self.order.probe()
 
-    def on_fetched_all(self, chunks: Sequence[ChunkEvent], first_available_seq: int) -> FetchRequest | None:
+    def on_fetched_all(self, chunks: Sequence[ChunkEvent], first_available_seq: int, *,
+                       stream: str = "") -> FetchRequest | None:
+        chunks = self._of_current_stream(chunks, stream)
+        if chunks is None:
+            return None
         return self._apply(self.order.fetched_all(chunks, first_available_seq))
 
     def _apply(self, step: Step) -> FetchRequest | None:
@@ -397,9 +527,13 @@ def build_suffix(instant: Mapping[str, InstantValue], now_ns: int, *, stale_s: f
 
 # -- diagnostics --------------------------------------------------------------------------------
 
+RATE_WINDOW_S = 30.0     # decisions/s is measured over this window (or since the start)
+
+
 @dataclass
 class QueryStats:
-    """Running figures of finished queries (TTFT, cache hits where the server reports them)."""
+    """Running figures of finished queries (TTFT, cache hits where the server reports them,
+    decisions per second over the last `RATE_WINDOW_S`)."""
 
     ttfts_s: deque = field(default_factory=lambda: deque(maxlen=100))
     last: QueryResult | None = None
@@ -407,14 +541,36 @@ class QueryStats:
     last_error: str = ""
     cached_tokens: int = 0           # over the queries whose server reported cached tokens
     reported_prompt_tokens: int = 0
+    started_s: float | None = None   # when the node began deciding (monotonic, from the caller)
+    decided_s: deque = field(default_factory=lambda: deque(maxlen=10_000))
 
-    def record(self, result: QueryResult, version: int, *, ttft_s: float | None = None) -> None:
-        """`ttft_s`: when the caller measured it (e.g. including a wait behind other work)."""
+    def record(self, result: QueryResult, version: int, *, ttft_s: float | None = None,
+               now_s: float | None = None) -> None:
+        """`ttft_s`: when the caller measured it (e.g. including a wait behind other work);
+        `now_s`: when the decision was made (monotonic), for the achieved decision rate."""
         self.ttfts_s.append(result.ttft_s if ttft_s is None else ttft_s)
         self.last, self.last_version, self.last_error = result, version, ""
+        if now_s is not None:
+            self.decided_s.append(now_s)
         if result.cached_tokens is not None:
             self.cached_tokens += int(result.cached_tokens)
             self.reported_prompt_tokens += result.n_prompt
+
+    def decisions_per_s(self, now_s: float) -> float | None:
+        """Decisions per second over the last RATE_WINDOW_S (or since `started_s`); None
+        before a few seconds have passed."""
+        if self.started_s is None:
+            return None
+        window_s = min(RATE_WINDOW_S, now_s - self.started_s)
+        if window_s < 2.0:
+            return None
+        return sum(1 for t in self.decided_s if t > now_s - window_s) / window_s
+
+    def ttft_percentile_s(self, q: float) -> float | None:
+        if not self.ttfts_s:
+            return None
+        ordered = sorted(self.ttfts_s)
+        return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
     def record_error(self, message: str) -> None:
         self.last_error = message
@@ -433,34 +589,75 @@ class Diagnosis:
     values: tuple[tuple[str, str], ...]
 
 
+RATE_SHORTFALL = 0.8     # achieved below this share of rate_hz: a warning
+
+
+def rate_shortfall(rate: float, rate_hz: float, ttft_p50_s: float | None) -> str:
+    """Why the policy decides slower than asked, and what to change."""
+    msg = f"{rate:.3g} decisions/s against rate_hz {rate_hz:g}"
+    if ttft_p50_s is not None:
+        msg += (f": TTFT p50 {ttft_p50_s:.2f} s is longer than the period {1 / rate_hz:.2f} s, "
+                f"so ticks are skipped; lower rate_hz to {max(0.01, 0.8 / ttft_p50_s):.2g}, "
+                "or make queries cheaper (fewer max_new_tokens, a smaller tau_mem_tokens, a "
+                "faster resource)")
+    else:
+        msg += ": no query has finished yet"
+    return msg
+
+
 def state_view(fold: StateFold) -> dict:
     """The figures `diagnose` reports about a state, from the policy's own fold."""
-    return {"version": int(fold.version), "primary": fold.primary or "-",
+    view = {"version": int(fold.version), "primary": fold.primary or "-",
             "chunks": len(fold.state.chunks), "next_seq": fold.next_seq,
             "static_tokens": fold.state.n_static, "lost_chunks": fold.lost,
-            "held_chunks": fold.n_held, "rejected_chunks": fold.counters.rejected}
+            "held_chunks": fold.n_held, "rejected_chunks": fold.counters.rejected,
+            "stream": fold.stream or "-", "stream_restarts": fold.counters.stream_restarts,
+            "reconciler_starts": fold.counters.starts}
+    if fold.last_restart is not None:
+        view["stream_message"] = fold.last_restart.describe()
+    return view
 
 
-def diagnose(state: StateFold | Mapping, scheduler: QueryScheduler, stats: QueryStats) -> Diagnosis:
+def diagnose(state: StateFold | Mapping, scheduler: QueryScheduler, stats: QueryStats, *,
+             now_s: float | None = None, capacity: Mapping | None = None) -> Diagnosis:
     """Level, message and key/values for /diagnostics. `state` is a fold or a mapping with the
-    keys of `state_view` (e.g. made from a reconciliation driver's snapshot)."""
+    keys of `state_view` (e.g. made from a reconciliation driver's snapshot).
+
+    `now_s` (monotonic) enables the achieved decision rate against `rate_hz`; `capacity` is a
+    reconciler's capacity verdict (`Capacity.as_dict()`), shown when it says it cannot keep up.
+    """
     view = state_view(state) if isinstance(state, StateFold) else dict(state)
     values: list[tuple[str, str]] = [(k, str(v)) for k, v in view.items()]
     values += [("queries", str(scheduler.finished)), ("failed_queries", str(scheduler.failed)),
-               ("skipped_ticks", str(scheduler.skipped))]
+               ("skipped_ticks", str(scheduler.skipped)), ("rate_hz", f"{scheduler.rate_hz:g}")]
+    rate = stats.decisions_per_s(now_s) if now_s is not None else None
+    if rate is not None:
+        values.append(("decisions_per_s", f"{rate:.3f}"))
     if stats.ttfts_s:
         values += [("ttft_s", f"{stats.ttfts_s[-1]:.3f}"),
-                   ("ttft_mean_s", f"{statistics.fmean(stats.ttfts_s):.3f}")]
+                   ("ttft_mean_s", f"{statistics.fmean(stats.ttfts_s):.3f}"),
+                   ("ttft_p50_s", f"{stats.ttft_percentile_s(50):.3f}"),
+                   ("ttft_p99_s", f"{stats.ttft_percentile_s(99):.3f}")]
     if stats.cache_hit_ratio is not None:
         values.append(("cache_hit_ratio", f"{stats.cache_hit_ratio:.3f}"))
     if stats.last is not None:
         values += [("last_query_version", str(stats.last_version)),
                    ("last_static_extended_tokens", str(stats.last.n_extended)),
                    ("last_cached_tokens", str(stats.last.cached_tokens))]
+    for key, value in (capacity or {}).items():
+        if key != "message":
+            values.append((f"capacity.{key}", str(value)))
     level, message = OK, "ok"
     if stats.ttfts_s and stats.ttfts_s[-1] > scheduler.period_s:
         level, message = WARN, (f"TTFT {stats.ttfts_s[-1]:.2f} s exceeds the query period "
                                 f"{scheduler.period_s:.2f} s: ticks are being skipped")
+    if rate is not None and rate < RATE_SHORTFALL * scheduler.rate_hz:
+        level, message = WARN, rate_shortfall(rate, scheduler.rate_hz,
+                                              stats.ttft_percentile_s(50))
+    if capacity and capacity.get("viable") is False:
+        level, message = WARN, capacity["message"]
+    if view.get("stream_restarts"):
+        level, message = WARN, view.get("stream_message") or "the aggregator restarted"
     if view.get("lost_chunks"):
         level, message = WARN, f"{view['lost_chunks']} chunks were lost (not available to fetch)"
     if stats.last_error:
@@ -581,3 +778,40 @@ def state_from_params(params: Mapping, tokenizer) -> CsrState:
     policy = ChunkPolicy(max_chunk_tokens=params["max_chunk_tokens"], oversize="truncate")
     return CsrState(tokenizer=tokenizer, layout=layout, profile=profile, mode=params["mode"],
                     policy=policy)
+
+
+# -- message times going backwards ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TimeJump:
+    """The clock went back by `back_s` (from `last_ns` to `now_ns`)."""
+
+    last_ns: int
+    now_ns: int
+
+    @property
+    def back_s(self) -> float:
+        return (self.last_ns - self.now_ns) / 1e9
+
+
+class ClockWatch:
+    """Sees every time a node works with (message receipt, timers) and reports a jump back of
+    more than `tolerance_s`: `ros2 bag play --loop` wrapping, a simulator reset. Rate limiters
+    keyed on those times must then start over, or they hold everything until the clock has
+    caught up with where it was."""
+
+    def __init__(self, tolerance_s: float = 1.0):
+        self.tolerance_ns = int(tolerance_s * 1e9)
+        self.last_ns: int | None = None
+        self.jumps = 0
+        self.last_jump: TimeJump | None = None
+
+    def observe(self, now_ns: int) -> TimeJump | None:
+        last, self.last_ns = self.last_ns, now_ns if self.last_ns is None else \
+            max(self.last_ns, now_ns)
+        if last is None or now_ns >= last - self.tolerance_ns:
+            return None
+        self.last_ns = now_ns
+        self.jumps += 1
+        self.last_jump = TimeJump(last_ns=last, now_ns=now_ns)
+        return self.last_jump

@@ -109,8 +109,10 @@ def interfaces():
 
 
 def test_interfaces_parse_and_keep_their_documented_fields(interfaces):
-    assert interfaces["csr_ros/msg/StateChunk"][:5] == ["stamp", "seq", "source", "text",
-                                                        "token_count"]
+    assert interfaces["csr_ros/msg/StateChunk"] == ["stamp", "seq", "source", "text",
+                                                    "coalesced", "stream"]
+    assert "stream" in interfaces["csr_ros/msg/GetChunks_Response"]
+    assert "stream" in interfaces["csr_ros/msg/SwapEvent"]
     assert {"version", "primary", "primary_url", "evicted_before_seq", "caught_up_to_seq",
             "static_tokens", "warmup_s", "catchup_s", "catchup_rounds"} <= \
         set(interfaces["csr_ros/msg/SwapEvent"])

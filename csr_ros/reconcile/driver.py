@@ -184,6 +184,12 @@ class Reconciler:
                 self._handle(ChunkArrived(chunk, now_s=self.clock()))
         return chunks
 
+    def new_stream(self) -> None:
+        """The chunk stream began again at seq 0 (see `Reconciliation.new_stream`)."""
+        with self._lock:
+            self._dispatch(self.machine.new_stream())
+            self._changed.notify_all()
+
     def query(self, task: str, *, suffix: str = "", max_new_tokens: int = 8,
               stop: Sequence[str] = (), constraint=None) -> QueryOutcome:
         """Build a request against the active version and answer it on the resource holding it."""
@@ -234,6 +240,11 @@ class Reconciler:
     def primary(self) -> Resource:
         return self.resources[self.machine.primary]
 
+    def capacity(self):
+        """Eq. 54 from the measurements so far (`Reconciliation.capacity`)."""
+        with self._lock:
+            return self.machine.capacity()
+
     def snapshot(self) -> dict:
         """Counters, phase, version and viability, consistent with each other."""
         with self._lock:
@@ -271,15 +282,17 @@ class Reconciler:
                     return False
                 self._changed.wait(0.05 if left is None else min(left, 0.05))
 
-    def close(self) -> None:
-        """Stop the workers and timers; the resources and the chunk log belong to the caller."""
+    def close(self, *, timeout_s: float = 5.0) -> None:
+        """Stop the workers and timers; the resources and the chunk log belong to the caller.
+        A worker still computing after `timeout_s` is left to finish on its daemon thread."""
         with self._lock:
             self._closed = True
             for timer in self._timers.values():
                 timer.cancel()
             self._timers.clear()
+        deadline = time.monotonic() + timeout_s
         for worker in self._workers.values():
-            worker.stop()
+            worker.stop(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> "Reconciler":
         return self
@@ -335,7 +348,7 @@ class Reconciler:
                                            f"primary {cmd.primary}"))
         if cmd.reason == "swap":
             self.swaps.append(SwapRecord(int(cmd.version), cmd.primary, cmd.committed_ids, now_s))
-        log.info("v%d active (%s) on %s: chunks from %d, %d static tokens", cmd.version,
+        log.debug("v%d active (%s) on %s: chunks from %d, %d static tokens", cmd.version,
                  cmd.reason, cmd.primary, cmd.first_seq, self.machine.active.n_static)
 
     def _run_op(self, cmd: Load | Extend) -> None:

@@ -26,6 +26,12 @@ Algorithm 1 of the CSR paper, with concurrent queries routed by version:
 - With `eager_extend`, chunks are prefilled on the primary as they arrive whenever it has no
   query in flight, so a query mostly prefills only its dynamic part (TTFT ~ M, not the chunks
   that arrived since the previous query).
+- A state that is already past tau_mem when the machine starts (a node that joins after a long
+  history) is evicted with the same policy, round after round, before the primary loads it.
+- A new chunk stream (the aggregator restarted without its chunk log: seqs begin again) is a
+  new version holding none of the old stream's chunks (`new_stream`).
+- `capacity()` checks eq. 54 from the first measurements (arrival rate, prefill rate of any
+  load or extend) and says what to change when reconciliation cannot keep up.
 
 Pure: no threads, no clocks (times arrive in events as `now_s`), no I/O, no torch.
 """
@@ -226,6 +232,32 @@ class Viability:
     headroom_s: float | None           # time_to_full_s - (dt_warm_s + dt_recon_s)
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """Eq. 54 at the moment a reconciliation starts (the static part at tau_mem): can warming
+    X_E and catching up finish before the arrivals fill the rest of the context?
+
+    Estimated from the first measurements: the arrival rate of chunk tokens, and the prefill
+    rate of the resources (a finished warm-up when there is one, else any load or extend,
+    such as the primary's start). `viable` is None until both are known.
+    """
+
+    viable: bool | None
+    arrival_tokens_per_s: float | None
+    prefill_tokens_per_s: float | None
+    evicted_tokens: int                # |X_E| when reconciling from tau_mem
+    dt_warm_s: float | None
+    dt_recon_s: float | None
+    time_to_full_s: float | None       # (limit - tau_mem) / arrival
+    headroom_s: float | None
+    max_arrival_tokens_per_s: float | None   # what these resources can reconcile
+    max_tau_mem_tokens: int | None           # the largest tau_mem that fits this arrival
+    message: str
+
+    def as_dict(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(self).items()}
+
+
 class Reconciliation:
     """The ASR machine over one or two named resources. Feed it events with `handle`."""
 
@@ -263,6 +295,8 @@ class Reconciliation:
         self._arrival: _Rate = _Rate(config.rate_halflife_s)
         self._warm_rate: float | None = None
         self._catchup_rate: float | None = None
+        self._prefill_tokens = 0               # every successful load/extend, for capacity()
+        self._prefill_s = 0.0
 
     # -- public view ---------------------------------------------------------------------------
 
@@ -280,26 +314,100 @@ class Reconciliation:
     def buffer_tokens(self) -> int:
         return sum(c.n_tokens for c in self.buffer)
 
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        """Prefill rate of the resources: a finished warm-up's, else every load and extend's."""
+        if self._warm_rate:
+            return self._warm_rate
+        return self._prefill_tokens / self._prefill_s if self._prefill_s > 0 else None
+
     def viability(self) -> Viability:
         cfg = self.config
         left = cfg.max_context_tokens - cfg.reserve_tokens - self.active.n_static
         arrival = self._arrival.value
         to_full = left / arrival if arrival else None
         n_evicted = self.pending.n_static if self.pending is not None else self._evicted_estimate()
-        dt_warm = n_evicted / self._warm_rate if self._warm_rate else None
+        warm_rate = self.prefill_tokens_per_s
+        catchup_rate = self._catchup_rate or warm_rate
+        dt_warm = n_evicted / warm_rate if warm_rate else None
         dt_recon = None
-        if dt_warm is not None and self._catchup_rate and arrival is not None:
-            if self._catchup_rate > arrival:
-                dt_recon = arrival * dt_warm / (self._catchup_rate - arrival)
+        if dt_warm is not None and catchup_rate and arrival is not None:
+            if catchup_rate > arrival:
+                dt_recon = arrival * dt_warm / (catchup_rate - arrival)
             else:
                 dt_recon = float("inf")
         headroom = None
         if to_full is not None and dt_warm is not None and dt_recon is not None:
             headroom = to_full - (dt_warm + dt_recon)
-        return Viability(arrival_tokens_per_s=arrival, warm_tokens_per_s=self._warm_rate,
-                         catchup_tokens_per_s=self._catchup_rate, context_left_tokens=left,
+        return Viability(arrival_tokens_per_s=arrival, warm_tokens_per_s=warm_rate,
+                         catchup_tokens_per_s=catchup_rate, context_left_tokens=left,
                          time_to_full_s=to_full, dt_warm_s=dt_warm, dt_recon_s=dt_recon,
                          headroom_s=headroom)
+
+    def capacity(self) -> Capacity:
+        """Eq. 54 evaluated for a reconciliation that starts at tau_mem (see `Capacity`)."""
+        cfg = self.config
+        limit = cfg.max_context_tokens - cfg.reserve_tokens
+        tau = cfg.tau_mem_tokens
+        arrival = self._arrival.value
+        rate = self.prefill_tokens_per_s
+        catchup = self._catchup_rate or rate
+        n_evicted = self._evicted_at(tau)
+        if cfg.mode != "asr":
+            return Capacity(None, arrival, rate, n_evicted, None, None, None, None, None, None,
+                            f"{cfg.mode} mode evicts on the primary; eq. 54 does not apply")
+        if not arrival or not rate:
+            missing = " and ".join(w for w, v in (("the arrival rate (chunks)", arrival),
+                                                  ("a prefill measurement", rate)) if not v)
+            return Capacity(None, arrival, rate, n_evicted, None, None, None, None, None, None,
+                            f"capacity not known yet: waiting for {missing}")
+        dt_warm = n_evicted / rate
+        dt_recon = arrival * dt_warm / (catchup - arrival) if catchup > arrival else float("inf")
+        to_full = (limit - tau) / arrival
+        headroom = to_full - dt_warm - dt_recon
+        # with catch-up as fast as warm-up, eq. 54 reads (limit - tau)/a >= |X_E| / (p - a)
+        max_arrival = rate * (limit - tau) / (limit - tau + n_evicted)
+        max_tau = self._max_tau_for(arrival, rate, limit)
+        viable = headroom >= 0
+        figures = (f"arrival {arrival:.1f} tokens/s; warming |X_E| = {n_evicted} tokens at "
+                   f"{rate:.0f} tokens/s takes {dt_warm:.1f} s, catching up "
+                   f"{'forever' if dt_recon == float('inf') else f'{dt_recon:.1f} s'}; the "
+                   f"context fills {to_full:.1f} s after tau_mem ({tau} of {limit} tokens)")
+        if viable:
+            message = f"reconciliation keeps up (headroom {headroom:.1f} s): {figures}"
+        else:
+            change = [f"lower the arrival to <= {max_arrival:.1f} tokens/s (longer "
+                      "source.<name>.period_s on the aggregator)"]
+            if max_tau is not None:
+                change.append(f"lower tau_mem_tokens to <= {max_tau}")
+            change.append("evict more per cycle (eviction.fraction, eviction.keep_tokens), a "
+                          "larger context_tokens, or faster resources")
+            message = (f"arrival exceeds what the resources can reconcile: {figures}; every "
+                       "cycle will end in a synchronous fallback (the primary stalls while it "
+                       "prefills the evicted state). Change: " + "; or ".join(change))
+        return Capacity(viable, arrival, rate, n_evicted, dt_warm, dt_recon, to_full, headroom,
+                        max_arrival, max_tau, message)
+
+    def _evicted_at(self, tau_tokens: int) -> int:
+        """|X_E| for a static part of `tau_tokens`, with chunks the size of today's (the eviction
+        policy is applied to that synthetic history)."""
+        prefix = len(self.active.prefix_ids)
+        tokens = self.active.chunk_tokens
+        mean = max(1, round(sum(tokens) / len(tokens))) if tokens else 32
+        n = max(1, (tau_tokens - prefix) // mean)
+        n_drop = self.policy([mean] * n)
+        return prefix + (n - n_drop) * mean
+
+    def _max_tau_for(self, arrival: float, rate: float, limit: int) -> int | None:
+        """The largest tau_mem (in steps of 1/64 of the limit) for which eq. 54 holds."""
+        prefix = len(self.active.prefix_ids)
+        best = None
+        for i in range(1, 64):
+            tau = prefix + (limit - prefix) * i // 64
+            n_e = self._evicted_at(tau)
+            if rate > arrival and (limit - tau) / arrival >= n_e / (rate - arrival):
+                best = tau
+        return best
 
     # -- events --------------------------------------------------------------------------------
 
@@ -307,14 +415,65 @@ class Reconciliation:
         """Load the primary with the current state (before the first query).
 
         `preloaded`: the primary already holds exactly the active static run (resumed from a
-        capsule and the chunk log), so nothing is loaded.
+        capsule and the chunk log), so nothing is loaded. A state already at or past tau_mem
+        (a node joining after a long history) is first evicted to what the primary can hold,
+        with the same policy, as a new version ('join').
         """
         if preloaded:
             self.slots[self.primary].holds = self.active.version
             self.active.mark_prefilled()
             self._primary_issued_tokens = self.active.n_static
             return []
-        return self._reload_primary("start")
+        cmds = self._fit_on_join()
+        return cmds + self._reload_primary("start")
+
+    def _fit_on_join(self) -> list[Command]:
+        cfg = self.config
+        limit = cfg.max_context_tokens - cfg.reserve_tokens
+        state, rounds = self.active, 0
+        while state.n_static >= cfg.tau_mem_tokens and state.chunks:
+            n_drop = self.policy(state.chunk_tokens)
+            tokens = state.chunk_tokens
+            while n_drop < len(tokens) and state.n_static - sum(tokens[:n_drop]) > limit:
+                n_drop += 1                  # a policy that keeps too much must still fit
+            if n_drop == 0:
+                break
+            state = state.evicted(n_drop)
+            rounds += 1
+        if rounds == 0:
+            return []
+        before = self.active
+        new = state
+        new.version = self._next_version
+        self._next_version = Version(self._next_version + 1)
+        self.counters.cycles_started += 1
+        notice = Notice("info", (
+            f"joined with {before.n_static} static tokens ({len(before.chunks)} chunks), past "
+            f"tau_mem {cfg.tau_mem_tokens}: evicted in {rounds} rounds of the same policy to "
+            f"{new.n_static} tokens ({len(new.chunks)} chunks) before loading"))
+        return [notice] + self._activate(new, "join", reload=False)
+
+    def new_stream(self) -> list[Command]:
+        """The chunk stream began again (its seqs restart at 0): a new version without any
+        chunk of the old stream; the primary reloads the prefix."""
+        self._abandon()
+        old = self.active
+        new = old.evicted(len(old.chunks))
+        new.next_seq = Seq(0)
+        new.version = self._next_version
+        self._next_version = Version(self._next_version + 1)
+        notice = Notice("warning", (
+            f"the chunk stream began again at seq 0 (the aggregator restarted without its chunk"
+            f" log): v{new.version} holds none of the {len(old.chunks)} chunks "
+            f"({old.n_static - len(old.prefix_ids)} tokens) of the old stream"))
+        self.evicted_seqs.extend(c.seq for c in old.chunks)
+        assert new.version > old.version, "versions only increase"
+        self.active = new
+        self.slots[self.primary].holds = new.version
+        cmds: list[Command] = [notice, VersionChanged(version=new.version, first_seq=Seq(0),
+                                                      next_seq=Seq(0), reason="stream",
+                                                      primary=self.primary)]
+        return cmds + self._reload_primary("stream")
 
     def handle(self, event: Event) -> list[Command]:
         if isinstance(event, ChunkArrived):
@@ -383,6 +542,9 @@ class Reconciliation:
     def _on_op_finished(self, ev: OpFinished) -> list[Command]:
         for slot in self.slots.values():
             slot.ops.discard(ev.op_id)
+        if ev.ok and ev.n_tokens > 0 and ev.seconds > 0:
+            self._prefill_tokens += ev.n_tokens
+            self._prefill_s += ev.seconds
         if ev.op_id in self._eager_ops:
             name, version = self._eager_ops.pop(ev.op_id)
             if ev.ok:
