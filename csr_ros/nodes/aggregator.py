@@ -6,15 +6,20 @@
       → csr/chunks   StateChunk, gap-free seq          (history)
         csr/instant  StateChunk                        ('instant' sources: the dynamic suffix)
     csr/get_chunks   GetChunks: a bounded ring, then the chunk log, for late joiners
+    /diagnostics     per source: publishers of another type, render errors; time jumps
 
-With a chunk log the seq continues across restarts; without one a restarted aggregator starts
-again at 0, and the other nodes must be restarted with it.
+Every chunk and GetChunks answer names the aggregator's stream. With a chunk log the stream id
+and the seq continue across restarts; without one a restarted aggregator starts a new stream at
+seq 0, and the other nodes begin a new version from it (never a silent merge of two streams).
+The node clock going backwards (a bag played with --loop wrapping, a simulator reset) resets
+the Emitter's per-source state; each jump is logged and counted on /diagnostics.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import uuid
 from collections import deque
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
@@ -22,11 +27,11 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 
 from csr_ros import ros_params
-from csr_ros.chunklog import ChunkLog, ChunkRecord
+from csr_ros.chunklog import ChunkLog, ChunkRecord, last_stream
 from csr_ros.errors import ConfigError, MessageTypeNotInstalledError
 from csr_ros.msg import StateChunk
 from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS, declare,
-                                  resolve_message_type, run, time_msg)
+                                  resolve_message_type, run, time_msg, with_undeclared)
 from csr_ros.render import Emitted, Emitter
 from csr_ros.ros_params import QosChoice, SourceConfig, match_publishers
 from csr_ros.srv import GetChunks
@@ -40,8 +45,10 @@ class AggregatorNode(Node):
     def __init__(self, **kwargs):
         super().__init__("aggregator", **kwargs)
         values = declare(self, ros_params.AGGREGATOR)
+        specs = list(ros_params.AGGREGATOR)
         for name in values.get("sources", []):
             values.update(declare(self, ros_params.source_schema(name)))
+            specs += ros_params.source_schema(name)
         self.message_types: dict[str, type] = {}          # type name → class
         self.skipped: dict[str, str] = {}                  # source name → why
         missing: dict[str, str] = {}
@@ -54,7 +61,8 @@ class AggregatorNode(Node):
                     raise
                 missing[type_name] = str(exc)
 
-        self.params = ros_params.validate("aggregator", values, resolve_type=resolve)
+        self.params = ros_params.validate("aggregator", with_undeclared(self, values, specs),
+                                          resolve_type=resolve)
         self.sources: dict[str, SourceConfig] = {}
         for source in self.params["sources"]:
             if source.type_name in missing:
@@ -69,11 +77,15 @@ class AggregatorNode(Node):
                               "; ".join(f"{k}: {v}" for k, v in self.skipped.items()))
 
         self.emitter = Emitter(self.sources.values())
+        self.time_jumps = 0
+        self.last_time_jump_s: float | None = None
         self.ring: deque[StateChunk] = deque(maxlen=self.params["ring_size"])
         self.chunk_log = ChunkLog(self.params["chunk_log"]) if self.params["chunk_log"] else None
         self.next_seq = self._restore_seq()
+        self.stream = self._restore_stream()
         self.instant_seq = itertools.count()
         self.render_errors: dict[str, int] = {}
+        self.wrong_types: dict[str, set[str]] = {}      # source → other types seen on its topic
 
         self.chunk_pub = self.create_publisher(StateChunk, self.params["topics.chunks"],
                                                CHUNKS_QOS)
@@ -85,14 +97,14 @@ class AggregatorNode(Node):
         self.source_qos: dict[str, QosChoice] = {}
         for source in self.sources.values():
             self._subscribe(source)
-        self.poll_timer = self.create_timer(1.0 / self.params["poll_hz"], self.poll_callback)
-        self.qos_timer = self.create_timer(self.params["qos_recheck_s"], self.qos_recheck_callback)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics",
                                                      DIAGNOSTICS_QOS)
+        self.poll_timer = self.create_timer(1.0 / self.params["poll_hz"], self.poll_callback)
+        self.qos_timer = self.create_timer(self.params["qos_recheck_s"], self.qos_recheck_callback)
         self.diagnostics_timer = self.create_timer(1.0, self.diagnostics_callback)
         self.get_logger().info(
             f"aggregating {len(self.sources)} sources into {self.params['topics.chunks']} "
-            f"from seq {self.next_seq}: " + ", ".join(
+            f"from seq {self.next_seq} of stream {self.stream}: " + ", ".join(
                 f"{s.name}={s.topic}{' (instant)' if s.instant else ''}"
                 for s in self.sources.values()))
 
@@ -121,14 +133,28 @@ class AggregatorNode(Node):
         self.get_logger().debug(f"{source.name}: {source.topic} with {choice}")
 
     def qos_recheck_callback(self) -> None:
-        """Publishers that appear later may offer better QoS than what we subscribed with."""
+        """Publishers that appear later may offer other QoS than what we subscribed with, or
+        publish another type (which never reaches us: said once, and on /diagnostics)."""
         for source in self.sources.values():
+            self._check_types(source)
             choice = self._publisher_qos(source.topic)
             if choice.matched and choice != self.source_qos[source.name]:
                 self.get_logger().info(f"{source.name}: publishers changed, resubscribing "
                                        f"(reliable={choice.reliable}, "
                                        f"transient_local={choice.transient_local})")
                 self._subscribe(source)
+
+    def _check_types(self, source: SourceConfig) -> None:
+        expected = source.type_name
+        seen = {i.topic_type for i in self.get_publishers_info_by_topic(source.topic)}
+        other = {t for t in seen if t != expected} - self.wrong_types.get(source.name, set())
+        if other:
+            self.wrong_types.setdefault(source.name, set()).update(other)
+            self.get_logger().warning(
+                f"{source.name}: {source.topic} has a publisher of type "
+                f"{', '.join(sorted(other))}, but source.{source.name}.type is {expected}: its "
+                "messages do not reach the aggregator. Fix the type in the params file or the "
+                "publisher")
 
     # -- messages → chunks ---------------------------------------------------------------------
 
@@ -141,6 +167,8 @@ class AggregatorNode(Node):
 
     def _publish_all(self, emitted: list[Emitted]) -> None:
         for jump in self.emitter.pop_time_jumps():
+            self.time_jumps += 1
+            self.last_time_jump_s = jump.back_s
             self.get_logger().warning(f"{jump.source}: the clock went back {jump.back_s:.1f} s "
                                       "(bag loop or simulator reset); its deadband and "
                                       "keep-alive state was reset")
@@ -156,7 +184,7 @@ class AggregatorNode(Node):
         source = self.sources[e.source]
         text, stamp_ns = e.text, e.stamp_ns
         out = StateChunk(stamp=time_msg(stamp_ns), source=source.name, text=text,
-                         token_count=0, coalesced=e.n_skipped)
+                         coalesced=e.n_skipped, stream=self.stream)
         if source.instant:
             out.seq = next(self.instant_seq)
             self.instant_pub.publish(out)
@@ -168,24 +196,6 @@ class AggregatorNode(Node):
             self.chunk_log.append_chunk(Chunk(seq=Seq(out.seq), source=source.name,
                                               stamp_ns=stamp_ns, text=text, token_ids=()))
         self.chunk_pub.publish(out)
-
-    def diagnostics_callback(self) -> None:
-        """1 Hz on /diagnostics: WARN while a configured source is skipped or cannot render."""
-        level, message = DiagnosticStatus.OK, f"{len(self.sources)} sources"
-        problems = [f"{name} skipped" for name in self.skipped] + [
-            f"{name}: {n} render errors" for name, n in self.render_errors.items()]
-        if problems:
-            level, message = DiagnosticStatus.WARN, "; ".join(problems)
-        values = [KeyValue(key="next_seq", value=str(self.next_seq)),
-                  KeyValue(key="sources", value=", ".join(self.sources))]
-        values += [KeyValue(key=f"skipped.{name}", value=why)
-                   for name, why in self.skipped.items()]
-        status = DiagnosticStatus(level=level, name=f"csr_ros: {self.get_name()}",
-                                  message=message, hardware_id=self.get_fully_qualified_name(),
-                                  values=values)
-        array = DiagnosticArray(status=[status])
-        array.header.stamp = self.get_clock().now().to_msg()
-        self.diagnostics_pub.publish(array)
 
     # -- late joiners --------------------------------------------------------------------------
 
@@ -199,7 +209,8 @@ class AggregatorNode(Node):
             for record in self.chunk_log.records:
                 if isinstance(record, ChunkRecord) and start <= record.seq < min(end, ring_first):
                     chunks.append(StateChunk(stamp=time_msg(record.stamp_ns), seq=int(record.seq),
-                                             source=record.source, text=record.text))
+                                             source=record.source, text=record.text,
+                                             stream=self.stream))
                     if len(chunks) >= limit:
                         break
         for chunk in self.ring:
@@ -210,6 +221,7 @@ class AggregatorNode(Node):
         response.chunks = chunks
         response.first_available_seq = self._first_available_seq()
         response.next_seq = self.next_seq
+        response.stream = self.stream
         return response
 
     def _first_available_seq(self) -> int:
@@ -224,6 +236,45 @@ class AggregatorNode(Node):
             return 0
         seqs = [r.seq for r in self.chunk_log.records if isinstance(r, ChunkRecord)]
         return int(seqs[-1]) + 1 if seqs else 0
+
+    def _restore_stream(self) -> str:
+        """The stream id: the chunk log's, or a new one (written to the log, if there is one)."""
+        stream = last_stream(self.chunk_log.records) if self.chunk_log is not None else ""
+        if not stream:
+            stream = uuid.uuid4().hex[:12]
+            if self.chunk_log is not None:
+                self.chunk_log.append_stream(stream)
+        return stream
+
+    # -- health --------------------------------------------------------------------------------
+
+    def diagnostics_callback(self) -> None:
+        """1 Hz on /diagnostics: WARN while a configured source is skipped, has a publisher of
+        another type, or cannot render; the stream and time jumps as values."""
+        level, problems = DiagnosticStatus.OK, [f"{name} skipped" for name in self.skipped]
+        for name, types in sorted(self.wrong_types.items()):
+            problems.append(f"{name}: publisher of {', '.join(sorted(types))} on "
+                            f"{self.sources[name].topic}, expected {self.sources[name].type_name}")
+        for name, count in sorted(self.render_errors.items()):
+            problems.append(f"{name}: {count} messages could not be rendered")
+        if problems:
+            level = DiagnosticStatus.WARN
+        values = [KeyValue(key="stream", value=self.stream),
+                  KeyValue(key="next_seq", value=str(self.next_seq)),
+                  KeyValue(key="sources", value=", ".join(self.sources)),
+                  KeyValue(key="time_jumps", value=str(self.time_jumps))]
+        values += [KeyValue(key=f"skipped.{name}", value=why)
+                   for name, why in self.skipped.items()]
+        if self.last_time_jump_s is not None:
+            values.append(KeyValue(key="last_time_jump_s", value=f"{self.last_time_jump_s:.3f}"))
+        for name, types in sorted(self.wrong_types.items()):
+            values.append(KeyValue(key=f"wrong_type.{name}", value=",".join(sorted(types))))
+        status = DiagnosticStatus(level=level, name=f"csr_ros: {self.get_name()}",
+                                  message="; ".join(problems) or "ok",
+                                  hardware_id=self.get_fully_qualified_name(), values=values)
+        array = DiagnosticArray(status=[status])
+        array.header.stamp = self.get_clock().now().to_msg()
+        self.diagnostics_pub.publish(array)
 
     def close(self) -> None:
         if self.context.ok():          # still up (not stopped by Ctrl-C): send what is held

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import logging
+import signal
 import sys
 from typing import Any, Callable, Sequence
 
@@ -20,7 +22,7 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from csr_ros.errors import ConfigError, CsrError, MessageTypeNotInstalledError
 from csr_ros.policy_core import ChunkEvent
 from csr_ros.render import normalize_type_name
-from csr_ros.ros_params import ParamSpec
+from csr_ros.ros_params import ParamSpec, check_params_files, type_problem
 
 # The chunk stream must not lose a chunk under a burst (a bag replayed fast, many sources at
 # once): reliable, and deep enough that a slow subscriber catches up before keep-last drops.
@@ -67,13 +69,49 @@ def declare(node: Node, specs: Sequence[ParamSpec]) -> dict[str, Any]:
         except ParameterUninitializedException:
             continue
         except InvalidParameterTypeException as exc:
-            hint = ""
-            if spec.kind is float:
-                hint = " (ROS 2 parameters are typed: write 2.0, not 2)"
-            raise ConfigError(f"{node.get_name()}: {spec.name}: {exc}{hint}") from None
+            given = given_parameters(node).get(spec.name, exc)
+            problem = type_problem(spec, given) if given is not exc else None
+            raise ConfigError(f"{node.get_name()}: {spec.name} " + (
+                problem or f"has the wrong type: {exc}")) from None
         values[spec.name] = list(value) if isinstance(default, Parameter.Type) or \
             isinstance(spec.default, list) else value
     return values
+
+
+def given_parameters(node: Node) -> dict[str, Any]:
+    """Every parameter the command line or a params file gives this node, declared or not."""
+    overrides = getattr(node, "_parameter_overrides", None) or {}
+    return {name: param.value for name, param in overrides.items()}
+
+
+def with_undeclared(node: Node, values: dict[str, Any], specs: Sequence[ParamSpec]) -> dict:
+    """`values` plus the given parameters no spec declares, so `ros_params.validate` refuses
+    them by name (a typo such as `rate_hzz` is otherwise ignored in silence)."""
+    names = {s.name for s in specs}
+    extra = {k: v for k, v in given_parameters(node).items() if k not in names}
+    return {**values, **extra}
+
+
+class NodeLogHandler(logging.Handler):
+    """The library's Python logging (`csr_ros.*`: reconciliation notices, resource and chunk-log
+    warnings) through a node's logger, so it reaches /rosout with the node's name and level."""
+
+    def __init__(self, node: Node):
+        super().__init__(level=logging.INFO)
+        self.node = node
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            logger = self.node.get_logger()
+            if record.levelno >= logging.ERROR:
+                logger.error(message)
+            elif record.levelno >= logging.WARNING:
+                logger.warning(message)
+            else:
+                logger.info(message)
+        except Exception:  # noqa: BLE001 - logging must never raise into the caller
+            self.handleError(record)
 
 
 def time_msg(stamp_ns: int) -> Time:
@@ -87,7 +125,7 @@ def time_ns(stamp: Time) -> int:
 def chunk_event(msg) -> ChunkEvent:
     """A StateChunk as the pure fold sees it."""
     return ChunkEvent(seq=int(msg.seq), source=msg.source, stamp_ns=time_ns(msg.stamp),
-                      text=msg.text)
+                      text=msg.text, stream=msg.stream)
 
 
 def resolve_message_type(type_name: str):
@@ -113,41 +151,76 @@ def resolve_message_type(type_name: str):
     return cls
 
 
+class _Stop(Exception):
+    """SIGINT/SIGTERM while the nodes are being built (a model loading)."""
+
+
 def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
         threads: int | None = None, label: str | None = None) -> int:
-    """Standard main(): init, spin, clean shutdown on Ctrl-C; a ConfigError exits with 2.
+    """Standard main(): init, spin, clean shutdown on Ctrl-C and SIGTERM (exit 0, no traceback,
+    within a few seconds: a running query is abandoned, not awaited); a ConfigError exits 2.
 
     Each factory is called with the nodes made before it (all_in_one hands its reconciler to
     the policy). Nodes are closed and destroyed in reverse order, also when a later one fails.
     """
+    name = label or "csr_ros"
+    try:
+        check_params_files(sys.argv if args is None else args)
+    except CsrError as exc:
+        print(f"[{name}] error: {exc}", file=sys.stderr)
+        return 2
+    phase = {"building": True}
+
+    def on_signal(signum, frame):
+        # rclpy's own handler (chained before this one) has shut the context down, which ends
+        # spin(); only the building phase, which rclpy cannot interrupt, needs to be left here.
+        if phase["building"]:
+            raise _Stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     rclpy.init(args=args)
     nodes: list[Node] = []
+    handler: NodeLogHandler | None = None
+    library_log = logging.getLogger("csr_ros")
     executor = MultiThreadedExecutor(num_threads=threads) if threads else None
+    code = 0
     try:
         for make in make_nodes:
             nodes.append(make(*nodes))
+            if handler is None:
+                handler = NodeLogHandler(nodes[0])
+                library_log.addHandler(handler)
+                library_log.setLevel(logging.INFO)
+        phase["building"] = False
         if executor is None:
             rclpy.spin(nodes[0])
         else:
             for node in nodes:
                 executor.add_node(node)
             executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
+    except (KeyboardInterrupt, ExternalShutdownException, _Stop):
         pass
     except CsrError as exc:
-        name = label or (nodes[0].get_name() if nodes else "csr_ros")
+        name = label or (nodes[0].get_name() if nodes else name)
         print(f"[{name}] error: {exc}", file=sys.stderr)
-        return 2
+        code = 2
     finally:
-        if executor is not None:
-            executor.shutdown()
-        for node in reversed(nodes):
-            close = getattr(node, "close", None)
-            if close is not None:
-                close()
-            node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+        phase["building"] = False
+        try:
+            if executor is not None:
+                executor.shutdown(timeout_sec=2.0)
+            for node in reversed(nodes):
+                close = getattr(node, "close", None)
+                if close is not None:
+                    close()
+                node.destroy_node()
+        finally:
+            if handler is not None:
+                library_log.removeHandler(handler)
+            rclpy.try_shutdown()
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+    return code
 
 
 def load_tokenizer(params) -> tuple[object, str]:

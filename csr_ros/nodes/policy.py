@@ -8,17 +8,20 @@
     csr/query (service) ───▶ the same, on demand, after the running query
     /diagnostics ◀───────── TTFT, cache hits, version, skipped ticks, lost chunks (1 Hz)
 
-The query runs on its own thread, so the executor keeps folding chunks and answering services
-while a model computes. Inside all_in_one the node is given the in-process reconciliation
-driver instead, which builds each request against its active version and routes it.
+The query runs on its own (daemon) thread, so the executor keeps folding chunks and answering
+services while a model computes, and a shutdown does not wait for it: the running query is
+abandoned and its answer never published. Inside all_in_one the node is given the in-process
+reconciliation driver instead, which builds each request against its active version and
+routes it.
 """
 
 from __future__ import annotations
 
 import functools
+import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
@@ -30,7 +33,7 @@ from csr_ros.msg import PolicyDecision, StateChunk
 from csr_ros.msg import SwapEvent as SwapEventMsg
 from csr_ros.nodes.common import (CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS,
                                   SWAPS_QOS, chunk_event, declare, load_tokenizer, run,
-                                  time_msg)
+                                  time_msg, with_undeclared)
 from csr_ros.policy_core import (ERROR, OK, WARN, FetchRequest, InstantValue, QueryScheduler,
                                  QueryStats, StateFold, SwapEvent, build_suffix, diagnose,
                                  state_from_params)
@@ -42,7 +45,8 @@ _LEVELS = {OK: DiagnosticStatus.OK, WARN: DiagnosticStatus.WARN, ERROR: Diagnost
 class PolicyNode(Node):
     def __init__(self, *, driver=None, **kwargs):
         super().__init__("policy", **kwargs)
-        self.params = ros_params.validate("policy", declare(self, ros_params.POLICY))
+        self.params = ros_params.validate("policy", with_undeclared(
+            self, declare(self, ros_params.POLICY), ros_params.POLICY))
         p = self.params
         if p["resource.kind"] == "local" and driver is None:
             msg = ("policy: resource.kind 'local' runs the model inside the reconciler's process;"
@@ -51,9 +55,10 @@ class PolicyNode(Node):
         self.driver = driver
         self.lock = threading.Condition()      # fold, scheduler, stats, instant values
         self.scheduler = QueryScheduler(rate_hz=p["rate_hz"])
-        self.stats = QueryStats()
+        self.stats = QueryStats(started_s=time.monotonic())
         self.instant: dict[str, InstantValue] = {}
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="csr-policy-query")
+        self.closing = False
+        self.worker = _QueryWorker()
         self.http_resources: dict[str, tuple[int, object]] = {}   # url → (version, resource)
         self.fold: StateFold | None = None
         if driver is None:
@@ -98,17 +103,28 @@ class PolicyNode(Node):
 
     def chunk_callback(self, msg: StateChunk) -> None:
         with self.lock:
-            self._fetch(self.fold.on_chunk(chunk_event(msg)))
+            restarts = self.fold.counters.stream_restarts
+            fetch = self.fold.on_chunk(chunk_event(msg))
+            self._stream_check(restarts)
+            self._fetch(fetch)
+
+    def _stream_check(self, restarts_before: int) -> None:
+        """Under the lock: say it when the fold began a new aggregator stream."""
+        if self.fold.counters.stream_restarts > restarts_before:
+            self.get_logger().warning(self.fold.last_restart.describe())
 
     def swap_callback(self, msg: SwapEventMsg) -> None:
         event = SwapEvent(version=msg.version, primary=msg.primary, primary_url=msg.primary_url,
                           evicted_before_seq=msg.evicted_before_seq,
-                          caught_up_to_seq=msg.caught_up_to_seq, reason=msg.reason)
+                          caught_up_to_seq=msg.caught_up_to_seq, reason=msg.reason,
+                          stream=msg.stream)
         with self.lock:
+            restarts = self.fold.counters.stream_restarts
             if self.fold.on_swap(event):
                 self.get_logger().info(f"v{msg.version} ({msg.reason}) on {msg.primary}: "
                                        f"chunks from seq {msg.evicted_before_seq}")
-            self._fetch(self.fold.gap())
+            self._stream_check(restarts)
+            self._fetch(self.fold.probe() if self.fold.needs_probe else self.fold.gap())
 
     def instant_callback(self, msg: StateChunk) -> None:
         with self.lock:
@@ -153,9 +169,11 @@ class PolicyNode(Node):
                 return
             events = [chunk_event(c) for c in response.chunks]
             before = self.fold.lost
+            restarts = self.fold.counters.stream_restarts
             first = int(response.first_available_seq)
-            self._fetch(self.fold.on_fetched_all(events, first) if probe
-                        else self.fold.on_fetched(events, first))
+            self._fetch(self.fold.on_fetched_all(events, first, stream=response.stream) if probe
+                        else self.fold.on_fetched(events, first, stream=response.stream))
+            self._stream_check(restarts)
             if self.fold.lost > before:
                 self.get_logger().warning(
                     f"{self.fold.lost - before} chunks are no longer available from the "
@@ -263,41 +281,94 @@ class PolicyNode(Node):
             cached_tokens=-1 if result.cached_tokens is None else int(result.cached_tokens),
             last_seq=int(request.last_seq or 0), truncated=result.finish_reason == "length")
         with self.lock:
-            self.stats.record(result, int(request.version), ttft_s=float(ttft_s))
-        self.decision_pub.publish(decision)
+            self.stats.record(result, int(request.version), ttft_s=float(ttft_s),
+                              now_s=time.monotonic())
+            if self.closing or not self.context.ok():
+                return decision            # shutting down: the answer is not published
+            self.decision_pub.publish(decision)
         return decision
 
     def _query_done(self, future: Future) -> None:
-        exc = future.exception()
+        exc = None if future.cancelled() else future.exception()
         with self.lock:
             self.scheduler.finish(ok=exc is None)
             if exc is not None:
                 self.stats.record_error(f"{type(exc).__name__}: {exc}")
             self.lock.notify_all()
+            if self.closing:
+                return
         if exc is not None:
             self.get_logger().warning(f"query failed: {exc}", throttle_duration_sec=5.0)
 
     # -- health --------------------------------------------------------------------------------
 
     def diagnostics_callback(self) -> None:
+        capacity = None
+        if self.driver is not None:
+            snap = self.driver.snapshot()
+            capacity = getattr(self.driver, "capacity", lambda: None)()
         with self.lock:
+            now_s = time.monotonic()
             if self.driver is not None:
-                snap = self.driver.snapshot()
                 view = {"version": snap["version"], "primary": snap["primary"],
                         "chunks": snap["n_chunks"], "next_seq": snap["next_seq"],
-                        "static_tokens": snap["n_static_tokens"], "phase": snap["phase"]}
-                d = diagnose(view, self.scheduler, self.stats)
+                        "static_tokens": snap["n_static_tokens"], "phase": snap["phase"],
+                        "fallbacks": snap.get("fallbacks", 0), "swaps": snap.get("swaps", 0)}
+                d = diagnose(view, self.scheduler, self.stats, now_s=now_s,
+                             capacity=capacity.as_dict() if capacity is not None else None)
             else:
-                d = diagnose(self.fold, self.scheduler, self.stats)
+                d = diagnose(self.fold, self.scheduler, self.stats, now_s=now_s)
         status = DiagnosticStatus(level=_LEVELS[d.level], name=f"csr_ros: {self.get_name()}",
                                   message=d.message, hardware_id=self.get_fully_qualified_name(),
                                   values=[KeyValue(key=k, value=v) for k, v in d.values])
         self.diagnostics_pub.publish(DiagnosticArray(header=_header(self), status=[status]))
 
     def close(self) -> None:
-        self.worker.shutdown(wait=True, cancel_futures=True)
+        """Stop deciding: a running query is abandoned (its thread is a daemon; its answer is
+        not published), queued ones are cancelled."""
+        with self.lock:
+            self.closing = True
+        self.worker.stop()
         for _, resource in self.http_resources.values():
             resource.close()
+
+
+class _QueryWorker:
+    """Runs queries one at a time on a daemon thread: a process that is stopped does not wait
+    for a model to finish (a ThreadPoolExecutor's threads are joined at exit)."""
+
+    def __init__(self):
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="csr-policy-query", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn) -> Future:
+        future: Future = Future()
+        self._queue.put((fn, future))
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # delivered to whoever waits on the future
+                future.set_exception(exc)
+
+    def stop(self) -> None:
+        while True:                        # cancel what has not started
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[1].cancel()
+        self._queue.put(None)
 
 
 def _header(node: Node):

@@ -8,7 +8,13 @@
 Start: the resources are built (servers are retried until `startup_timeout_s`, so the node may
 start before vLLM has loaded its model), the history the aggregator already has is fetched,
 then the driver loads the primary and a 'start' SwapEvent names it. With a chunk log the state
-(chunks and version) is rebuilt from it first, so a restart continues where it stopped.
+(chunks and version) is rebuilt from it first, so a restart continues where it stopped. A state
+past tau_mem at the start (joining after a long history) is evicted first (see the machine).
+
+A chunk of a new aggregator stream (restarted without its chunk log: seqs begin again) starts
+a new version without the old stream's chunks ('stream' SwapEvent), logged and on
+/diagnostics. The capacity check (eq. 54, from the first measurements) is logged when it says
+reconciliation cannot keep up, with what to change, and is always on /diagnostics.
 """
 
 from __future__ import annotations
@@ -22,15 +28,15 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 from rclpy.node import Node
 
 from csr_ros import ros_params
-from csr_ros.chunklog import ChunkLog, rebuild_state
+from csr_ros.chunklog import ChunkLog, last_stream, rebuild_state
 from csr_ros.errors import ChunkError, ResourceError
 from csr_ros.eviction import make_policy
 from csr_ros.msg import StateChunk, SwapEvent
 from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, chunk_event, declare,
-                                  load_tokenizer, run)
+                                  load_tokenizer, run, with_undeclared)
 from csr_ros.policy_core import (ChunkEvent, FetchRequest, Lost, SeqOrderer, Step,
-                                 TimedResource, lost_text, make_chunk, refused_text,
-                                 state_from_params, swap_report)
+                                 StreamTracker, TimedResource, lost_text, make_chunk,
+                                 refused_text, state_from_params, swap_report)
 from csr_ros.reconcile.driver import Reconciler
 from csr_ros.reconcile.machine import ReconcileConfig
 from csr_ros.srv import GetChunks
@@ -39,7 +45,8 @@ from csr_ros.srv import GetChunks
 class ReconcilerNode(Node):
     def __init__(self, **kwargs):
         super().__init__("reconciler", **kwargs)
-        self.params = ros_params.validate("reconciler", declare(self, ros_params.RECONCILER))
+        self.params = ros_params.validate("reconciler", with_undeclared(
+            self, declare(self, ros_params.RECONCILER), ros_params.RECONCILER))
         p = self.params
         self.lock = threading.RLock()          # orderer, state before the driver, publishing
         self.tokenizer, self.model_dir = load_tokenizer(p)
@@ -49,6 +56,11 @@ class ReconcilerNode(Node):
             state = rebuild_state(self.chunk_log.records, state)
         self.state = state                     # fed directly until the driver takes it over
         self.order = SeqOrderer(int(state.next_seq))
+        self.streams = StreamTracker(last_stream(self.chunk_log.records)
+                                     if self.chunk_log is not None else "")
+        self.stream_restarts = 0
+        self.capacity_said = None              # the last capacity verdict logged
+        self.capacity_said_s = 0.0
         self.ops: list = []                    # load/extend timings of the resources
         self.resources: list | None = None
         self.driver: Reconciler | None = None
@@ -161,7 +173,42 @@ class ReconcilerNode(Node):
 
     def chunk_callback(self, msg: StateChunk) -> None:
         with self.lock:
-            self._apply(self.order.offer(chunk_event(msg)))
+            event = chunk_event(msg)
+            if self._follow_stream(event.stream):
+                self._apply(self.order.offer(event))
+
+    def _follow_stream(self, stream: str) -> bool:
+        """Under the lock: False for a chunk of a retired stream. A new stream starts a new
+        version without the old stream's chunks (never a merge of two seq spaces)."""
+        seen = self.streams.see(stream)
+        if seen == "retired":
+            return False
+        if seen == "first" and self.chunk_log is not None:
+            self.chunk_log.append_stream(stream)
+        if seen != "new":
+            return True
+        self.stream_restarts += 1
+        if self.driver is None:
+            old = self.state
+            self.state = old.evicted(len(old.chunks))
+            self.state.next_seq = 0
+            if self.chunk_log is not None:
+                self.chunk_log.append_version(self.state.version, 0, 0, "stream")
+            dropped = len(old.chunks)
+        else:
+            dropped = self.driver.snapshot()["n_chunks"]
+            self.driver.new_stream()           # logs the version change in the chunk log
+        if self.chunk_log is not None:
+            self.chunk_log.append_stream(stream)
+        self.order = SeqOrderer(0)
+        self.get_logger().warning(
+            f"the aggregator began a new chunk stream {stream} (restarted without its chunk "
+            f"log; its seqs begin again at 0): a new version starts from it, without the "
+            f"{dropped} chunks of the old stream. Give the aggregator a chunk_log to keep the "
+            "history across its restarts")
+        if self.driver is not None:
+            self._publish_version(reason="stream")
+        return True
 
     def _apply(self, step: Step) -> None:
         for item in step.items:
@@ -227,6 +274,10 @@ class ReconcilerNode(Node):
                 self._apply(self.order.fetch_failed())
                 return
             events = [chunk_event(c) for c in response.chunks]
+            for stream in {response.stream} | {e.stream for e in events}:
+                if not self._follow_stream(stream):       # an answer about a retired stream
+                    self._apply(self.order.fetch_failed())
+                    return
             first = int(response.first_available_seq)
             self._apply(self.order.fetched_all(events, first) if probe
                         else self.order.fetched(events, first))
@@ -254,7 +305,8 @@ class ReconcilerNode(Node):
             version = self.driver.snapshot()["version"]
             if version != self.published_version:
                 reason = next((e.kind for e in reversed(self.driver.timeline)
-                               if e.kind in ("swap", "sync", "fallback", "failover")), "swap")
+                               if e.kind in ("swap", "sync", "fallback", "failover", "join",
+                                             "stream")), "swap")
                 self._publish_version(reason=reason)
 
     def _publish_version(self, *, reason: str) -> None:
@@ -271,7 +323,7 @@ class ReconcilerNode(Node):
                         caught_up_to_seq=report.caught_up_to_seq,
                         static_tokens=report.static_tokens, window_s=report.window_s,
                         warmup_s=report.warmup_s, catchup_s=report.catchup_s,
-                        catchup_rounds=report.catchup_rounds)
+                        catchup_rounds=report.catchup_rounds, stream=self.streams.current)
         self.swaps_pub.publish(msg)
         self.published_version = report.version
         self.get_logger().info(f"v{report.version} ({reason}) on {report.primary}: chunks from "
@@ -286,6 +338,10 @@ class ReconcilerNode(Node):
         if self.driver is None:
             raise ResourceError("the reconciler has not started its resources yet")
         return self.driver.query(task, suffix=suffix, max_new_tokens=max_new_tokens)
+
+    def capacity(self):
+        """Eq. 54 from the measurements so far; None before the driver runs."""
+        return None if self.driver is None else self.driver.capacity()
 
     def snapshot(self) -> dict:
         if self.driver is None:
@@ -303,7 +359,28 @@ class ReconcilerNode(Node):
             level = DiagnosticStatus.WARN
             message = (f"{snap.get('fallbacks', 0)} synchronous fallbacks, "
                        f"{self.lost_while_running} chunks lost")
+        capacity = self.capacity()
+        if capacity is not None and capacity.viable is False:
+            level, message = DiagnosticStatus.WARN, capacity.message
+            now_s = time.monotonic()
+            if self.capacity_said is not False or now_s - self.capacity_said_s > 60.0:
+                self.get_logger().warning(capacity.message)
+                self.capacity_said_s = now_s
+        elif capacity is not None and capacity.viable and self.capacity_said is not True:
+            self.get_logger().info(capacity.message)
+        if capacity is not None:
+            self.capacity_said = capacity.viable
+        if self.stream_restarts:
+            level = DiagnosticStatus.WARN
+            message = (f"the aggregator restarted without its chunk log "
+                       f"{self.stream_restarts} time(s); the state restarted with its new "
+                       f"stream ({message})")
         values = [KeyValue(key=k, value=str(v)) for k, v in snap.items()]
+        values += [KeyValue(key="stream", value=self.streams.current or "-"),
+                   KeyValue(key="stream_restarts", value=str(self.stream_restarts))]
+        if capacity is not None:
+            values += [KeyValue(key=f"capacity.{k}", value=str(v))
+                       for k, v in capacity.as_dict().items() if k != "message"]
         status = DiagnosticStatus(level=level, name=f"csr_ros: {self.get_name()}",
                                   message=message, hardware_id=self.get_fully_qualified_name(),
                                   values=values)
@@ -312,12 +389,21 @@ class ReconcilerNode(Node):
         self.diagnostics_pub.publish(array)
 
     def close(self) -> None:
+        """Stop within a few seconds: a model computation that is still running is abandoned
+        (the resource workers are daemon threads), not awaited."""
         if self.driver is not None:
-            self.driver.close()
-        for resource in self.resources or []:
-            resource.close()
+            self.driver.close(timeout_s=1.0)
+        closer = threading.Thread(target=self._close_resources, daemon=True)
+        closer.start()
+        closer.join(2.0)
+        if closer.is_alive():
+            self.get_logger().info("a model computation is still running; not waiting for it")
         if self.chunk_log is not None:
             self.chunk_log.close()
+
+    def _close_resources(self) -> None:
+        for resource in self.resources or []:
+            resource.close()
 
 
 def main(args=None) -> int:
