@@ -23,6 +23,7 @@ import uuid
 from collections import deque
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.clock import Clock, ClockType
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 
@@ -30,7 +31,8 @@ from csr_ros import ros_params
 from csr_ros.chunklog import ChunkLog, ChunkRecord, last_stream
 from csr_ros.errors import ConfigError, MessageTypeNotInstalledError
 from csr_ros.msg import StateChunk
-from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS, declare,
+from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
+                                  CHUNKS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS, declare,
                                   resolve_message_type, run, time_msg, with_undeclared)
 from csr_ros.render import Emitted, Emitter
 from csr_ros.ros_params import QosChoice, SourceConfig, match_publishers
@@ -44,6 +46,7 @@ MAX_CHUNKS_PER_ANSWER = 2000
 class AggregatorNode(Node):
     def __init__(self, **kwargs):
         super().__init__("aggregator", **kwargs)
+        route_library_logging(self)
         values = declare(self, ros_params.AGGREGATOR)
         specs = list(ros_params.AGGREGATOR)
         for name in values.get("sources", []):
@@ -99,9 +102,14 @@ class AggregatorNode(Node):
             self._subscribe(source)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics",
                                                      DIAGNOSTICS_QOS)
-        self.poll_timer = self.create_timer(1.0 / self.params["poll_hz"], self.poll_callback)
-        self.qos_timer = self.create_timer(self.params["qos_recheck_s"], self.qos_recheck_callback)
-        self.diagnostics_timer = self.create_timer(1.0, self.diagnostics_callback)
+        # on the steady clock: with use_sim_time, /clock may stop or go back (a paused or
+        # looping bag), and held values, QoS rechecks and diagnostics must go on
+        steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self.poll_timer = self.create_timer(1.0 / self.params["poll_hz"], self.poll_callback,
+                                            clock=steady)
+        self.qos_timer = self.create_timer(self.params["qos_recheck_s"], self.qos_recheck_callback,
+                                           clock=steady)
+        self.diagnostics_timer = self.create_timer(1.0, self.diagnostics_callback, clock=steady)
         self.get_logger().info(
             f"aggregating {len(self.sources)} sources into {self.params['topics.chunks']} "
             f"from seq {self.next_seq} of stream {self.stream}: " + ", ".join(
@@ -281,6 +289,7 @@ class AggregatorNode(Node):
             self._publish_all(self.emitter.flush(self.get_clock().now().nanoseconds))
         if self.chunk_log is not None:
             self.chunk_log.close()
+        unroute_library_logging(self)
 
 
 def main(args=None) -> int:

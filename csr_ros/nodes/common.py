@@ -94,16 +94,26 @@ def with_undeclared(node: Node, values: dict[str, Any], specs: Sequence[ParamSpe
 
 class NodeLogHandler(logging.Handler):
     """The library's Python logging (`csr_ros.*`: reconciliation notices, resource and chunk-log
-    warnings) through a node's logger, so it reaches /rosout with the node's name and level."""
+    warnings) through a node's logger, so it reaches /rosout with the node's name and level
+    instead of stderr without either. One per process: the oldest of its nodes that is up."""
 
-    def __init__(self, node: Node):
+    def __init__(self):
         super().__init__(level=logging.INFO)
-        self.node = node
+        self.nodes: list[Node] = []
+
+    @property
+    def node(self) -> Node | None:
+        return next((n for n in self.nodes if n.context.ok()), None)
 
     def emit(self, record: logging.LogRecord) -> None:
+        node = self.node
+        if node is None:                   # no node up (yet): plain stderr, as without us
+            if logging.lastResort is not None and record.levelno >= logging.lastResort.level:
+                logging.lastResort.handle(record)
+            return
         try:
             message = record.getMessage()
-            logger = self.node.get_logger()
+            logger = node.get_logger()
             if record.levelno >= logging.ERROR:
                 logger.error(message)
             elif record.levelno >= logging.WARNING:
@@ -112,6 +122,27 @@ class NodeLogHandler(logging.Handler):
                 logger.info(message)
         except Exception:  # noqa: BLE001 - logging must never raise into the caller
             self.handleError(record)
+
+
+_LIBRARY_LOG = NodeLogHandler()
+
+
+def route_library_logging(node: Node) -> None:
+    """Call first in a node's __init__: the library's logging goes through this node's logger
+    (unless another node of this process already has it)."""
+    library = logging.getLogger("csr_ros")
+    if _LIBRARY_LOG not in library.handlers:
+        library.addHandler(_LIBRARY_LOG)
+        library.setLevel(logging.INFO)
+    library.propagate = False              # not also to stderr without node name and level
+    _LIBRARY_LOG.nodes = [n for n in _LIBRARY_LOG.nodes if n.context.ok()] + [node]
+
+
+def unroute_library_logging(node: Node) -> None:
+    """Call in a node's close(): a destroyed node's logger no longer carries the library's."""
+    _LIBRARY_LOG.nodes = [n for n in _LIBRARY_LOG.nodes if n is not node]
+    if not _LIBRARY_LOG.nodes:
+        logging.getLogger("csr_ros").propagate = True
 
 
 def time_msg(stamp_ns: int) -> Time:
@@ -180,17 +211,11 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     rclpy.init(args=args)
     nodes: list[Node] = []
-    handler: NodeLogHandler | None = None
-    library_log = logging.getLogger("csr_ros")
     executor = MultiThreadedExecutor(num_threads=threads) if threads else None
     code = 0
     try:
         for make in make_nodes:
             nodes.append(make(*nodes))
-            if handler is None:
-                handler = NodeLogHandler(nodes[0])
-                library_log.addHandler(handler)
-                library_log.setLevel(logging.INFO)
         phase["building"] = False
         if executor is None:
             rclpy.spin(nodes[0])
@@ -215,8 +240,6 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
                     close()
                 node.destroy_node()
         finally:
-            if handler is not None:
-                library_log.removeHandler(handler)
             rclpy.try_shutdown()
             for sig, old in previous.items():
                 signal.signal(sig, old)

@@ -31,7 +31,8 @@ from csr_ros import ros_params
 from csr_ros.errors import ConfigError, CsrError
 from csr_ros.msg import PolicyDecision, StateChunk
 from csr_ros.msg import SwapEvent as SwapEventMsg
-from csr_ros.nodes.common import (CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS,
+from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
+                                  CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS,
                                   SWAPS_QOS, chunk_event, declare, load_tokenizer, run,
                                   time_msg, with_undeclared)
 from csr_ros.policy_core import (ERROR, OK, WARN, FetchRequest, InstantValue, QueryScheduler,
@@ -45,6 +46,7 @@ _LEVELS = {OK: DiagnosticStatus.OK, WARN: DiagnosticStatus.WARN, ERROR: Diagnost
 class PolicyNode(Node):
     def __init__(self, *, driver=None, **kwargs):
         super().__init__("policy", **kwargs)
+        route_library_logging(self)
         self.params = ros_params.validate("policy", with_undeclared(
             self, declare(self, ros_params.POLICY), ros_params.POLICY))
         p = self.params
@@ -331,6 +333,7 @@ class PolicyNode(Node):
         self.worker.stop()
         for _, resource in self.http_resources.values():
             resource.close()
+        unroute_library_logging(self)
 
 
 class _QueryWorker:

@@ -32,7 +32,8 @@ from csr_ros.chunklog import ChunkLog, last_stream, rebuild_state
 from csr_ros.errors import ChunkError, ResourceError
 from csr_ros.eviction import make_policy
 from csr_ros.msg import StateChunk, SwapEvent
-from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, chunk_event, declare,
+from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
+                                  CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, chunk_event, declare,
                                   load_tokenizer, run, with_undeclared)
 from csr_ros.policy_core import (ChunkEvent, FetchRequest, Lost, SeqOrderer, Step,
                                  StreamTracker, TimedResource, lost_text, make_chunk,
@@ -45,6 +46,7 @@ from csr_ros.srv import GetChunks
 class ReconcilerNode(Node):
     def __init__(self, **kwargs):
         super().__init__("reconciler", **kwargs)
+        route_library_logging(self)
         self.params = ros_params.validate("reconciler", with_undeclared(
             self, declare(self, ros_params.RECONCILER), ros_params.RECONCILER))
         p = self.params
@@ -400,6 +402,7 @@ class ReconcilerNode(Node):
             self.get_logger().info("a model computation is still running; not waiting for it")
         if self.chunk_log is not None:
             self.chunk_log.close()
+        unroute_library_logging(self)
 
     def _close_resources(self) -> None:
         for resource in self.resources or []:
