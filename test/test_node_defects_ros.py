@@ -212,15 +212,24 @@ PUBLISH_ONCE = textwrap.dedent("""
     while pub.get_subscription_count() == 0:     # what `ros2 topic pub --once` waits for
         time.sleep(0.01)
     pub.publish(String(data=sys.argv[2]))
-    time.sleep(1.0)
+    time.sleep(0.1)                              # `ros2 topic pub --once`'s keep-alive
     node.destroy_node()
     rclpy.shutdown()
 """)
 
 
+def test_a_source_topic_without_publishers_is_subscribed_reliably(graph, probe):
+    graph.add(AggregatorNode(parameter_overrides=speech_sources(topic="/defects/nobody")))
+    infos = wait_for(lambda: probe.get_subscriptions_info_by_topic("/defects/nobody"),
+                     what="the aggregator's subscription")
+    assert [i.qos_profile.reliability for i in infos] == [ReliabilityPolicy.RELIABLE]
+
+
 def test_the_first_message_of_a_new_publisher_process_is_not_lost(graph, probe):
+    """A best-effort subscription lost about one in six of these (the sample arrives before
+    the subscriber has discovered the publisher); twelve trials."""
     received = []
-    for trial in range(5):
+    for trial in range(12):
         aggregator = graph.add(AggregatorNode(parameter_overrides=speech_sources(
             topic=f"/defects/once{trial}")))
         before = len(probe.chunks)
@@ -232,7 +241,7 @@ def test_the_first_message_of_a_new_publisher_process_is_not_lost(graph, probe):
             time.sleep(0.05)
         received += [c.text for c in probe.chunks[before:]]
         graph.remove(aggregator)
-    assert received == [f'speech: data="hello {i}"' for i in range(5)]
+    assert received == [f'speech: data="hello {i}"' for i in range(12)]
 
 
 # -- 6. time going backwards --------------------------------------------------------------------
@@ -473,3 +482,48 @@ def test_the_policy_adopts_a_restarted_reconcilers_start_with_the_same_version(g
     wait_for(lambda: [c.seq for c in policy.fold.state.chunks] == [2, 3, 4, 5],
              what="the policy to refetch the chunks the restarted reconciler holds")
     assert policy.fold.primary == "r1" and policy.fold.version == 1
+
+
+# -- 5 and 1. joining after a long history; capacity on /diagnostics -------------------------
+
+@pytest.mark.slow
+def test_a_reconciler_joining_after_a_long_history_evicts_at_once_and_reports_capacity(graph,
+                                                                                       probe):
+    """History of about three contexts before the reconciler starts: it derives the evicted
+    state with its own policy and loads that, instead of failing over every few seconds."""
+    pub = probe.create_publisher(String, "/defects/speech", 10)
+    swaps = []
+    probe.create_subscription(SwapEvent, "csr/swaps", swaps.append, SWAPS_QOS)
+    graph.add(AggregatorNode(parameter_overrides=speech_sources()))
+    wait_for(lambda: probe.count_subscribers("/defects/speech") > 0, what="subscription")
+    for i in range(150):
+        pub.publish(String(data=f"the robot passed waypoint {i} in the hallway, battery "
+                                f"{90 - i % 50} percent"))
+        time.sleep(0.005)
+    wait_for(lambda: len(probe.chunks) == 150, what="the history")
+    reconciler = graph.add(ReconcilerNode(parameter_overrides=[
+        Parameter("resource.kind", Parameter.Type.STRING, "local"),
+        Parameter("resource.threads", Parameter.Type.INTEGER, 1),
+        Parameter("context_tokens", Parameter.Type.INTEGER, 1024),
+        Parameter("tau_mem_tokens", Parameter.Type.INTEGER, 600),
+        Parameter("reserve_tokens", Parameter.Type.INTEGER, 256),
+        Parameter("n_catchup_tokens", Parameter.Type.INTEGER, 16)]))
+    start = wait_for(lambda: [s for s in swaps if s.reason == "start"], timeout_s=180.0,
+                     what="the start event")[0]
+    assert start.version == 1 and 0 < start.evicted_before_seq < 150
+    assert start.caught_up_to_seq == 150 and start.static_tokens < 600
+    assert logged(probe, "reconciler", "joined with", "evicted in", level=Log.INFO)
+    outcome = reconciler.query("Where is the robot?", max_new_tokens=2)
+    assert outcome.ok and outcome.request.n_static < 600
+    for i in range(10):                   # arrivals after the start: the rate becomes known
+        pub.publish(String(data=f"speech: person {i} says hello"))
+        time.sleep(0.2)
+    status = wait_for(lambda: [s for s in probe.diagnostics if s.name == "csr_ros: reconciler"
+                               and ("capacity.viable", "None") not in
+                               [(v.key, v.value) for v in s.values]
+                               and any(v.key == "capacity.viable" for v in s.values)],
+                      timeout_s=60.0, what="a capacity verdict on /diagnostics")[-1]
+    values = {v.key: v.value for v in status.values}
+    assert float(values["capacity.prefill_tokens_per_s"]) > 0
+    assert float(values["capacity.arrival_tokens_per_s"]) > 0
+    assert values["capacity.viable"] in ("True", "False")

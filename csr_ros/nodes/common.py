@@ -97,9 +97,9 @@ class NodeLogHandler(logging.Handler):
     warnings) through a node's logger, so it reaches /rosout with the node's name and level
     instead of stderr without either. One per process: the oldest of its nodes that is up."""
 
-    def __init__(self):
+    def __init__(self, node: Node | None = None):
         super().__init__(level=logging.INFO)
-        self.nodes: list[Node] = []
+        self.nodes: list[Node] = [node] if node is not None else []
 
     @property
     def node(self) -> Node | None:
@@ -136,6 +136,16 @@ def route_library_logging(node: Node) -> None:
         library.setLevel(logging.INFO)
     library.propagate = False              # not also to stderr without node name and level
     _LIBRARY_LOG.nodes = [n for n in _LIBRARY_LOG.nodes if n.context.ok()] + [node]
+
+
+def node_python_logger(node: Node) -> logging.Logger:
+    """A Python logger whose records go through `node`'s logger only (for a library object the
+    node owns, such as its reconciliation driver)."""
+    log = logging.getLogger(f"csr_ros.nodes.{node.get_name()}.{id(node):x}")
+    log.handlers = [NodeLogHandler(node)]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    return log
 
 
 def unroute_library_logging(node: Node) -> None:

@@ -34,7 +34,8 @@ from csr_ros.eviction import make_policy
 from csr_ros.msg import StateChunk, SwapEvent
 from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
                                   CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, chunk_event, declare,
-                                  load_tokenizer, run, with_undeclared)
+                                  load_tokenizer, node_python_logger, run,
+                                  with_undeclared)
 from csr_ros.policy_core import (ChunkEvent, FetchRequest, Lost, SeqOrderer, Step,
                                  StreamTracker, TimedResource, lost_text, make_chunk,
                                  refused_text, state_from_params, swap_report)
@@ -164,7 +165,7 @@ class ReconcilerNode(Node):
         else:
             policy = make_policy("keep_recent_tokens", keep_tokens=p["eviction.keep_tokens"])
         self.driver = Reconciler(self.state, self.resources, config, policy=policy,
-                                 chunk_log=self.chunk_log)
+                                 chunk_log=self.chunk_log, logger=node_python_logger(self))
         self.driver.start(wait=False)
         self.state = None                      # the driver's machine owns it now
         self._publish_version(reason="start")

@@ -138,7 +138,8 @@ class Reconciler:
 
     def __init__(self, state: CsrState, resources: Sequence[Resource], config: ReconcileConfig,
                  *, policy: EvictionPolicy = drop_oldest_fraction,
-                 chunk_log: ChunkLog | None = None, clock: Callable[[], float] = time.monotonic):
+                 chunk_log: ChunkLog | None = None, clock: Callable[[], float] = time.monotonic,
+                 logger: logging.Logger | None = None):
         names = [r.name for r in resources]
         if len(set(names)) != len(names):
             raise ConfigError(f"resources need distinct names, got {names}")
@@ -148,6 +149,7 @@ class Reconciler:
                    f"context {limit}")
             raise ConfigError(msg)
         self.config = config
+        self.log = logger or log                # a node passes one that reaches /rosout
         self.resources = {r.name: r for r in resources}
         self.machine = Reconciliation(state, names, config, policy=policy)
         self.chunk_log = chunk_log
@@ -210,7 +212,8 @@ class Reconciler:
                                    started_s=started_s, inside_window=inside, wait_s=wait_s,
                                    ttft_s=wait_s + result.ttft_s, result=result)
         except Exception as exc:  # a failed resource is an outcome, not a crash of the policy
-            log.warning("query %d on %s failed: %s", route.request.query_id, route.resource, exc)
+            self.log.warning("query %d on %s failed: %s", route.request.query_id,
+                             route.resource, exc)
             outcome = QueryOutcome(request=route.request, resource=route.resource,
                                    started_s=started_s, inside_window=inside,
                                    error=f"{type(exc).__name__}: {exc}")
@@ -335,7 +338,7 @@ class Reconciler:
             elif isinstance(cmd, VersionChanged):
                 self._version_changed(cmd)
             elif isinstance(cmd, Notice):
-                log.log(logging.WARNING if cmd.level == "warning" else logging.INFO, "%s",
+                self.log.log(logging.WARNING if cmd.level == "warning" else logging.INFO, "%s",
                         cmd.message)
             else:
                 raise AssertionError(f"unexpected command {cmd!r}")
@@ -348,7 +351,7 @@ class Reconciler:
                                            f"primary {cmd.primary}"))
         if cmd.reason == "swap":
             self.swaps.append(SwapRecord(int(cmd.version), cmd.primary, cmd.committed_ids, now_s))
-        log.debug("v%d active (%s) on %s: chunks from %d, %d static tokens", cmd.version,
+        self.log.debug("v%d active (%s) on %s: chunks from %d, %d static tokens", cmd.version,
                  cmd.reason, cmd.primary, cmd.first_seq, self.machine.active.n_static)
 
     def _run_op(self, cmd: Load | Extend) -> None:
@@ -367,11 +370,11 @@ class Reconciler:
                 resource.extend(cmd.ids, cmd.text, **kwargs)
         except CsrError as exc:
             ok = False
-            log.warning("%s of v%d on %s failed: %s", type(cmd).__name__.lower(), cmd.version,
+            self.log.warning("%s of v%d on %s failed: %s", type(cmd).__name__.lower(), cmd.version,
                         cmd.resource, exc)
         except Exception:  # a bug in a backend must not stop the reconciler
             ok = False
-            log.exception("%s of v%d on %s raised", type(cmd).__name__.lower(), cmd.version,
+            self.log.exception("%s of v%d on %s raised", type(cmd).__name__.lower(), cmd.version,
                           cmd.resource)
         seconds = self.clock() - started_s
         with self._lock:
