@@ -7,7 +7,6 @@ build the dynamic suffix, summarise health.
     QueryScheduler   ticks at rate_hz; never starts a query while one runs; counts skips
     build_suffix     latest 'instant' values + the current time → X_suffix
     diagnose         counters, achieved decision rate, last result → (level, message, values)
-    ClockWatch       message times going backwards (bag loop, simulator reset) → a jump
 
 The node feeds plain views of its messages (`ChunkEvent`, `SwapEvent`) into these and turns
 their outputs back into ROS calls. Pure: no rclpy, no threads, no clocks (times come in).
@@ -779,39 +778,3 @@ def state_from_params(params: Mapping, tokenizer) -> CsrState:
     return CsrState(tokenizer=tokenizer, layout=layout, profile=profile, mode=params["mode"],
                     policy=policy)
 
-
-# -- message times going backwards ------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TimeJump:
-    """The clock went back by `back_s` (from `last_ns` to `now_ns`)."""
-
-    last_ns: int
-    now_ns: int
-
-    @property
-    def back_s(self) -> float:
-        return (self.last_ns - self.now_ns) / 1e9
-
-
-class ClockWatch:
-    """Sees every time a node works with (message receipt, timers) and reports a jump back of
-    more than `tolerance_s`: `ros2 bag play --loop` wrapping, a simulator reset. Rate limiters
-    keyed on those times must then start over, or they hold everything until the clock has
-    caught up with where it was."""
-
-    def __init__(self, tolerance_s: float = 1.0):
-        self.tolerance_ns = int(tolerance_s * 1e9)
-        self.last_ns: int | None = None
-        self.jumps = 0
-        self.last_jump: TimeJump | None = None
-
-    def observe(self, now_ns: int) -> TimeJump | None:
-        last, self.last_ns = self.last_ns, now_ns if self.last_ns is None else \
-            max(self.last_ns, now_ns)
-        if last is None or now_ns >= last - self.tolerance_ns:
-            return None
-        self.last_ns = now_ns
-        self.jumps += 1
-        self.last_jump = TimeJump(last_ns=last, now_ns=now_ns)
-        return self.last_jump

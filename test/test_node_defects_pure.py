@@ -15,7 +15,7 @@ from csr_ros.chunks import ChunkPolicy
 from csr_ros.errors import ConfigError
 from csr_ros.eviction import make_policy
 from csr_ros.launch_args import bag_play_command, check_params_file, given_overrides
-from csr_ros.policy_core import (ChunkEvent, ClockWatch, QueryScheduler, QueryStats, StateFold,
+from csr_ros.policy_core import (ChunkEvent, QueryScheduler, QueryStats, StateFold,
                                  SwapEvent, diagnose)
 from csr_ros.reconcile.machine import (ChunkArrived, Load, Notice, OpFinished, ReconcileConfig,
                                        Reconciliation, VersionChanged)
@@ -250,18 +250,6 @@ def test_a_join_with_keep_recent_tokens_is_one_round(tokenizer, layout):
     cmds = machine.start()
     assert any(isinstance(c, Notice) and "in 1 rounds" in c.message for c in cmds)
     assert sum(machine.active.chunk_tokens) <= 600
-
-
-# -- 6. time going backwards -------------------------------------------------------------------
-
-def test_a_clock_going_back_more_than_the_tolerance_is_one_jump():
-    watch = ClockWatch(tolerance_s=1.0)
-    assert watch.observe(100 * 10**9) is None
-    assert watch.observe(int(100.5 * 10**9)) is None
-    assert watch.observe(int(100.2 * 10**9)) is None        # jitter inside the tolerance
-    jump = watch.observe(3 * 10**9)                           # the bag loop wrapped
-    assert jump is not None and jump.back_s == pytest.approx(97.5)
-    assert watch.observe(4 * 10**9) is None and watch.jumps == 1
 
 
 # -- 11. a restarted reconciler ---------------------------------------------------------------
