@@ -28,6 +28,7 @@ message data.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -66,6 +67,28 @@ uint8 source
 """
 CUSTOM_TYPES = {"patrol_msgs/msg/Detections": DETECTION_MSG,
                 "patrol_msgs/msg/Detection": DETECTION_ITEM_MSG}
+# with extras=True: a drive controller's status, a type no tool knows (defined only in the bag)
+MOTOR_STATUS_MSG = """\
+uint8 MODE_IDLE=0
+uint8 MODE_VELOCITY=1
+std_msgs/Header header
+float32[2] wheel_rpm
+float32[2] current_a
+float32 temperature_c
+uint8 mode
+string controller
+"""
+# with action_results="custom": action results in a custom type instead of std_msgs/String
+ACTION_RESULT_MSG = """\
+uint8 SUCCEEDED=0
+uint8 FAILED=1
+string name
+string target
+uint8 outcome
+string result
+"""
+EXTRA_TYPES = {"patrol_msgs/msg/MotorStatus": MOTOR_STATUS_MSG,
+               "patrol_msgs/msg/ActionOutcome": ACTION_RESULT_MSG}
 # vision_msgs (Humble/Jazzy layout) is in neither rosbags' stores nor every robot's install:
 # with detections="vision_msgs" it too exists only in the bag.
 VISION_MSGS_TYPES = {
@@ -163,6 +186,11 @@ class PatrolTruth:
     topics: dict[str, dict[str, Any]]          # topic -> {type, count, hz}
     events: list[dict[str, Any]] = field(default_factory=list)   # by t_s (room visits: enter_s)
     bag_path: str = ""
+    renamed: dict[str, str] = field(default_factory=dict)        # default topic -> name written
+
+    def topic(self, default: str) -> str:
+        """The name a patrol topic (`TOPIC_SPEECH`, ...) has in this bag."""
+        return self.renamed.get(default, default)
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["kind"] == kind]
@@ -171,16 +199,19 @@ class PatrolTruth:
     def event_counts(self) -> dict[str, int]:
         """Messages in the bag that carry events, per kind ('detection_objects': objects)."""
         return {
-            "utterance": self.topics[TOPIC_SPEECH]["count"],
-            "detection": self.topics[TOPIC_DETECTIONS]["count"],
+            "utterance": self.topics[self.topic(TOPIC_SPEECH)]["count"],
+            "detection": self.topics[self.topic(TOPIC_DETECTIONS)]["count"],
             "detection_objects": len(self.of_kind("detection")),
-            "action_result": self.topics[TOPIC_ACTION_RESULT]["count"],
-            "nav_status": self.topics[TOPIC_NAV_STATUS]["count"],
+            "action_result": self.topics[self.topic(TOPIC_ACTION_RESULT)]["count"],
+            "nav_status": self.topics[self.topic(TOPIC_NAV_STATUS)]["count"],
             "room_visit": len(self.of_kind("room_visit")),
         }
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self) | {"event_counts": self.event_counts}
+        doc = asdict(self) | {"event_counts": self.event_counts}
+        if not doc["renamed"]:
+            del doc["renamed"]          # the default patrol's file stays as it was
+        return doc
 
 
 # -- the script: what the robot does, at 10 Hz ----------------------------------------------------
@@ -381,7 +412,7 @@ def _typestore():
 
     store = get_typestore(Stores.ROS2_JAZZY)
     types: dict = {}
-    for name, text in (CUSTOM_TYPES | VISION_MSGS_TYPES).items():
+    for name, text in (CUSTOM_TYPES | VISION_MSGS_TYPES | EXTRA_TYPES).items():
         types.update(get_types_from_msg(text, name))
     store.register(types)
     return store
@@ -547,8 +578,16 @@ def _goal_status_array(ts, t_s: float, goals: list[dict[str, Any]]):
 
 # -- the bag -------------------------------------------------------------------------------------
 
+def _action_outcome(ts, a: dict[str, Any]):
+    T = ts.types["patrol_msgs/msg/ActionOutcome"]
+    ok = a["result"].startswith("succeeded")
+    return T(name=a["name"], target=a["target"], outcome=T.SUCCEEDED if ok else T.FAILED,
+             result=a["result"])
+
+
 def _messages(world: _World, ts, rng: np.random.Generator, rates: tuple[float, float, float],
-              noise: float, detections: str = "custom") -> Iterator[tuple[float, str, Any]]:
+              noise: float, detections: str = "custom",
+              action_results: str = "string") -> Iterator[tuple[float, str, Any]]:
     """(t_s, topic, message) for every message, in time order."""
     out: list[tuple[float, int, str, Any]] = []
     n = 0
@@ -574,7 +613,8 @@ def _messages(world: _World, ts, rng: np.random.Generator, rates: tuple[float, f
         add(t_s + 0.05, TOPIC_DETECTIONS, make(ts, t_s, seen, rng))
     for a in world.actions:
         add(a["t_s"] + 0.01, TOPIC_ACTION_RESULT,
-            _string(ts, f"{a['name']}({a['target']}): {a['result']}"))
+            _string(ts, f"{a['name']}({a['target']}): {a['result']}")
+            if action_results == "string" else _action_outcome(ts, a))
     # the action server's status topic: every goal change, with every goal it still holds
     changes = []
     for g in world.nav_goals:
@@ -585,6 +625,118 @@ def _messages(world: _World, ts, rng: np.random.Generator, rates: tuple[float, f
         goal["status_at"] = status
         known = [g for g in world.nav_goals if g["t_accept"] <= t_s and "status_at" in g]
         add(t_s + 0.002, TOPIC_NAV_STATUS, _goal_status_array(ts, t_s, known))
+    out.sort(key=lambda m: (m[0], m[1]))
+    for t_s, _, topic, msg in out:
+        yield t_s, topic, msg
+
+
+# -- extras: what else a recorded robot bag holds (extras=True) ----------------------------------
+
+TOPIC_IMAGE = "/camera/image_raw"
+TOPIC_TF = "/tf"
+TOPIC_TF_STATIC = "/tf_static"
+TOPIC_MOTOR = "/motor_status"
+TOPIC_CMD_VEL = "/cmd_vel"
+TOPIC_ROSOUT = "/rosout"
+TOPIC_DIAGNOSTICS = "/diagnostics"
+EXTRA_TOPIC_TYPES = {
+    TOPIC_IMAGE: "sensor_msgs/msg/Image",
+    TOPIC_TF: "tf2_msgs/msg/TFMessage",
+    TOPIC_TF_STATIC: "tf2_msgs/msg/TFMessage",
+    TOPIC_MOTOR: "patrol_msgs/msg/MotorStatus",
+    TOPIC_CMD_VEL: "geometry_msgs/msg/Twist",
+    TOPIC_ROSOUT: "rcl_interfaces/msg/Log",
+    TOPIC_DIAGNOSTICS: "diagnostic_msgs/msg/DiagnosticArray",
+}
+IMAGE_WIDTH, IMAGE_HEIGHT = 128, 96        # small, so a 10-minute bag stays small; rgb8
+
+
+def _transform(ts, t_s: float, parent: str, child: str, x: float, y: float, yaw: float):
+    T = ts.types
+    return T["geometry_msgs/msg/TransformStamped"](
+        header=_header(ts, t_s, parent), child_frame_id=child,
+        transform=T["geometry_msgs/msg/Transform"](
+            translation=T["geometry_msgs/msg/Vector3"](x=x, y=y, z=0.0),
+            rotation=_quat(ts, yaw)))
+
+
+def _log(ts, t_s: float, level: int, name: str, text: str):
+    return ts.types["rcl_interfaces/msg/Log"](
+        stamp=_time(ts, t_s), level=level, name=name, msg=text, file="", function="", line=0)
+
+
+def _diagnostics(ts, t_s: float, level: float):
+    T = ts.types
+    status = T["diagnostic_msgs/msg/DiagnosticStatus"]
+    kv = T["diagnostic_msgs/msg/KeyValue"]
+    low = level < 0.3
+    return T["diagnostic_msgs/msg/DiagnosticArray"](header=_header(ts, t_s, ""), status=[
+        status(level=1 if low else 0, name="power: battery",
+               message="low" if low else "ok", hardware_id="bms",
+               values=[kv(key="percent", value=f"{100 * level:.1f}")]),
+        status(level=0, name="drive: motors", message="ok", hardware_id="motor_driver",
+               values=[]),
+        status(level=0, name="sensors: lidar", message="ok", hardware_id="lidar", values=[])])
+
+
+def _extra_messages(world: _World, ts, rng: np.random.Generator, odom_hz: float,
+                    image_hz: float, tf_hz: float) -> Iterator[tuple[float, str, Any]]:
+    """(t_s, topic, message) of the extras, in time order."""
+    T = ts.types
+    out: list[tuple[float, int, str, Any]] = []
+
+    def add(t_s: float, topic: str, msg: Any) -> None:
+        out.append((t_s, len(out), topic, msg))
+
+    add(0.0, TOPIC_TF_STATIC, T["tf2_msgs/msg/TFMessage"](transforms=[
+        _transform(ts, 0.0, "base_link", "base_scan", 0.1, 0.0, 0.0),
+        _transform(ts, 0.0, "base_link", "camera_link", 0.15, 0.0, 0.0)]))
+    per_image = max(1, int(round(odom_hz / image_hz)))
+    per_tf = max(1, int(round(tf_hz / odom_hz)))
+    per_motor = max(1, int(round(odom_hz / 5.0)))
+    per_diag = max(1, int(round(odom_hz)))
+    moving_before = False
+    for i, (t_s, pose, level, charging) in enumerate(world.samples):
+        for k in range(per_tf):
+            tk = t_s + k / (per_tf * odom_hz)
+            transforms = [_transform(ts, tk, "odom", "base_link", pose.x, pose.y, pose.yaw)]
+            if k == 0:
+                transforms.append(_transform(ts, tk, "map", "odom", 0.0, 0.0, 0.0))
+            add(tk + 0.001, TOPIC_TF, T["tf2_msgs/msg/TFMessage"](transforms=transforms))
+        if i % per_image == 0:
+            room = room_at(pose.x, pose.y)
+            shade = 60 + 20 * ROOMS.index(ROOM_BY_NAME[room]) + int(rng.integers(0, 4))
+            add(t_s + 0.007, TOPIC_IMAGE, T["sensor_msgs/msg/Image"](
+                header=_header(ts, t_s, "camera_link"), height=IMAGE_HEIGHT, width=IMAGE_WIDTH,
+                encoding="rgb8", is_bigendian=0, step=IMAGE_WIDTH * 3,
+                data=np.full(IMAGE_WIDTH * IMAGE_HEIGHT * 3, shade, dtype=np.uint8)))
+        vec = T["geometry_msgs/msg/Vector3"]
+        add(t_s + 0.004, TOPIC_CMD_VEL, T["geometry_msgs/msg/Twist"](
+            linear=vec(x=float(pose.v), y=0.0, z=0.0), angular=vec(x=0.0, y=0.0, z=float(pose.w))))
+        if i % per_motor == 0:
+            rpm = 60 * pose.v / (2 * math.pi * 0.05)
+            turn = 60 * pose.w * 0.2 / (2 * math.pi * 0.05)
+            mode = T["patrol_msgs/msg/MotorStatus"]
+            add(t_s + 0.006, TOPIC_MOTOR, mode(
+                header=_header(ts, t_s, "base_link"),
+                wheel_rpm=np.array([rpm - turn, rpm + turn], dtype=np.float32)
+                + rng.normal(0, 0.5, 2).astype(np.float32),
+                current_a=np.abs(np.array([rpm - turn, rpm + turn], dtype=np.float32) * 0.01)
+                + 0.1 + rng.normal(0, 0.01, 2).astype(np.float32),
+                temperature_c=float(35.0 + rng.normal(0, 0.2)),
+                mode=mode.MODE_VELOCITY if (pose.v or pose.w) else mode.MODE_IDLE,
+                controller="diff_drive"))
+        moving = abs(pose.v) > 0.01 or abs(pose.w) > 0.01
+        if moving != moving_before:
+            add(t_s + 0.008, TOPIC_ROSOUT, _log(ts, t_s, 20, "controller_server",
+                                                "Received a goal, begin computing control "
+                                                "effort." if moving else "Reached the goal!"))
+            moving_before = moving
+        if i % per_diag == 0:
+            add(t_s + 0.009, TOPIC_DIAGNOSTICS, _diagnostics(ts, t_s, level))
+            if level < 0.3 and not charging and i % (per_diag * 30) == 0:
+                add(t_s + 0.009, TOPIC_ROSOUT, _log(ts, t_s, 30, "battery_monitor",
+                                                    f"Battery low: {100 * level:.0f}%"))
     out.sort(key=lambda m: (m[0], m[1]))
     for t_s, _, topic, msg in out:
         yield t_s, topic, msg
@@ -616,14 +768,23 @@ def _room_visits(world: _World) -> list[dict[str, Any]]:
 def generate_patrol(out: str | Path, *, duration_s: float = 600.0, seed: int = 0,
                     storage: str = "mcap", overwrite: bool = False, odom_hz: float = ODOM_HZ,
                     scan_hz: float = SCAN_HZ, battery_hz: float = BATTERY_HZ,
-                    noise: float = 1.0, detections: str = "custom") -> PatrolTruth:
+                    noise: float = 1.0, detections: str = "custom",
+                    topic_names: dict[str, str] | None = None, extras: bool = False,
+                    image_hz: float = 10.0, tf_hz: float = 50.0,
+                    action_results: str = "string") -> PatrolTruth:
     """Write the patrol bag to directory `out` (and out/ground_truth.json); return the truth.
 
     `odom_hz` is the simulation step; scans and battery are published every n-th step (their
     rates rounded to divide it). `noise` scales every sensor noise (and the share of nan/inf
     scan returns); `detections` is "custom" (patrol_msgs/msg/Detections) or "vision_msgs"
     (vision_msgs/msg/Detection2DArray, Humble layout, map position in the hypothesis pose),
-    both defined only in the bag. The defaults are the documented 10-minute patrol."""
+    both defined only in the bag. The defaults are the documented 10-minute patrol.
+
+    Other robots name their topics otherwise: `topic_names` maps a default topic to the name
+    written (``{"/speech/text": "/speech"}``); `action_results="custom"` writes the action
+    results as patrol_msgs/msg/ActionOutcome. `extras` adds what else a recorded bag holds:
+    a camera (sensor_msgs/Image at `image_hz`), /tf at `tf_hz` and /tf_static, velocity commands,
+    a drive controller's status in a custom type, /rosout and /diagnostics."""
     from rosbags.rosbag2 import StoragePlugin, Writer
 
     if storage not in STORAGES:
@@ -641,6 +802,19 @@ def generate_patrol(out: str | Path, *, duration_s: float = 600.0, seed: int = 0
                           f"{detections!r}")
     if not 0 <= noise <= 20:
         raise ConfigError(f"noise must be in [0, 20], got {noise}")
+    if action_results not in ("string", "custom"):
+        raise ConfigError(f"action_results must be 'string' or 'custom', got {action_results!r}")
+    for name, hz in (("image_hz", image_hz), ("tf_hz", tf_hz)):
+        if not 0 < hz <= 1000:
+            raise ConfigError(f"{name} must be in (0, 1000] Hz, got {hz}")
+    renamed = dict(topic_names or {})
+    unknown = sorted(set(renamed) - set(TOPIC_TYPES) - set(EXTRA_TOPIC_TYPES))
+    if unknown:
+        raise ConfigError(f"topic_names: {unknown} are not patrol topics; they are "
+                          f"{sorted(TOPIC_TYPES) + sorted(EXTRA_TOPIC_TYPES)}")
+    for old, new in renamed.items():
+        if not (isinstance(new, str) and new.startswith("/") and len(new) > 1):
+            raise ConfigError(f"topic_names: {old} -> {new!r}: a topic name starts with '/'")
     out = Path(out)
     if out.exists():
         if not overwrite:
@@ -653,13 +827,24 @@ def generate_patrol(out: str | Path, *, duration_s: float = 600.0, seed: int = 0
     _script(world)
     ts = _typestore()
     topic_types = TOPIC_TYPES | {TOPIC_DETECTIONS: DETECTION_TYPES[detections]}
+    if action_results == "custom":
+        topic_types[TOPIC_ACTION_RESULT] = "patrol_msgs/msg/ActionOutcome"
+    if extras:
+        topic_types |= EXTRA_TOPIC_TYPES
+    names = {t: renamed.get(t, t) for t in topic_types}
+    if len(set(names.values())) != len(names):
+        raise ConfigError(f"topic_names: two topics would have the same name: {renamed}")
     counts = {topic: 0 for topic in topic_types}
     plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
     with Writer(out, version=9, storage_plugin=plugin) as writer:
-        conns = {topic: writer.add_connection(topic, msgtype, typestore=ts)
+        conns = {topic: writer.add_connection(names[topic], msgtype, typestore=ts)
                  for topic, msgtype in topic_types.items()}
         messages = _messages(world, ts, np.random.default_rng(rng.integers(2 ** 63)),
-                             (odom_hz, scan_hz, battery_hz), noise, detections)
+                             (odom_hz, scan_hz, battery_hz), noise, detections, action_results)
+        if extras:          # their own random stream: the patrol's messages stay the same
+            more = _extra_messages(world, ts, np.random.default_rng([seed, 1]), odom_hz,
+                                   image_hz, tf_hz)
+            messages = heapq.merge(messages, more, key=lambda m: m[0])
         for t_s, topic, msg in messages:
             stamp_ns = START_NS + int(round(t_s * 1e9))
             writer.write(conns[topic], stamp_ns, ts.serialize_cdr(msg, topic_types[topic]))
@@ -683,11 +868,14 @@ def generate_patrol(out: str | Path, *, duration_s: float = 600.0, seed: int = 0
     per_scan = max(1, int(round(odom_hz / scan_hz)))
     per_battery = max(1, int(round(odom_hz / battery_hz)))
     hz = {TOPIC_ODOM: odom_hz, TOPIC_SCAN: odom_hz / per_scan, TOPIC_BATTERY: odom_hz / per_battery}
+    if extras:
+        hz |= {TOPIC_IMAGE: odom_hz / max(1, int(round(odom_hz / image_hz))),
+               TOPIC_TF: odom_hz * max(1, int(round(tf_hz / odom_hz))), TOPIC_CMD_VEL: odom_hz}
     truth = PatrolTruth(
         duration_s=round(duration, 3), seed=seed, storage=storage, start_ns=START_NS,
-        topics={t: {"type": m, "count": counts[t], "hz": hz.get(t)}
+        topics={names[t]: {"type": m, "count": counts[t], "hz": hz.get(t)}
                 for t, m in topic_types.items()},
-        events=events, bag_path=str(out))
+        events=events, bag_path=str(out), renamed={k: v for k, v in renamed.items() if k != v})
     (out / GROUND_TRUTH_FILE).write_text(json.dumps(truth.to_json(), indent=1) + "\n",
                                          encoding="utf-8")
     return truth

@@ -24,7 +24,9 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 
 from csr_ros.errors import ConfigError
-from csr_ros.render import EmissionConfig, RenderOptions, emission_kind, normalize_type_name
+from csr_ros.render import (EmissionConfig, RenderOptions, TopicPolicy, emission_kind,
+                            normalize_type_name)
+from csr_ros.render.policy import EVENT
 
 NODES = ("aggregator", "policy", "reconciler")
 
@@ -284,6 +286,24 @@ def parse_sources(names: Sequence[str], values: Mapping[str, Any], *,
     if dup:
         raise ConfigError(f"aggregator: topic {dup[0]!r} is listed by two sources")
     return sources
+
+
+def auto_source(name: str, topic: str, type_name: str, policy: TopicPolicy, *,
+                render_defaults: Mapping[str, Any] | None = None) -> SourceConfig:
+    """A source for a topic nobody configured, from its type's defaults (`render.policy`)."""
+    render_defaults = render_defaults or {}
+    options = RenderOptions(float_digits=render_defaults.get("float_digits", 3),
+                            max_array=render_defaults.get("max_array", 8),
+                            max_chars=min(render_defaults.get("max_chars", 2000),
+                                          policy.max_chars))
+    event = policy.action == EVENT
+    kind = emission_kind(type_name, options)
+    deadband = policy.deadband if not event and kind == "generic" else -1.0
+    emission = EmissionConfig(event=event, keepalive_s=policy.keepalive_s,
+                              deadband=deadband).resolved(kind, where=f"source.{name}")
+    return SourceConfig(name=name, topic=topic, type_name=type_name,
+                        label=topic.strip("/") or name, period_s=0.0 if event else
+                        policy.period_s, instant=False, render=options, emission=emission)
 
 
 _TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a float",

@@ -205,7 +205,7 @@ def test_a_noisy_scan_of_a_still_robot_makes_no_chunks_but_an_obstacle_ahead_doe
 
 
 def test_other_types_change_when_a_field_changes_or_a_number_leaves_the_relative_deadband():
-    e = Emitter([source("temp", "sensor_msgs/msg/Temperature", deadband=0.05, keepalive_s=0.0)])
+    e = Emitter([source("temp", "lab_msgs/msg/Thermometer", deadband=0.05, keepalive_s=0.0)])
     out = feed(e, "temp", [{"temperature": t, "variance": 0.0, "unit": "C"}
                            for t in (40.0, 41.5, 42.1, 42.1)] +
                [{"temperature": 42.1, "variance": 0.0, "unit": "F"}])

@@ -78,7 +78,10 @@ def test_stamps_become_int_nanoseconds_in_all_shapes(typestore):
 
 def test_nested_message_without_summary_writes_points_and_quaternions_as_tuples():
     pose = Pose(position=Point(x=1.23456, y=-0.0001, z=0.0), orientation=Quaternion())
-    assert render(pose, label="pose") == "pose: position=1.23,0,0 orientation=0,0,0,1"
+    generic = RenderOptions(summarize=False)          # Pose has a summary: ask for the fields
+    assert render(pose, label="pose", options=generic) == \
+        "pose: position=1.23,0,0 orientation=0,0,0,1"
+    assert render(pose, label="pose") == "pose: at 1.2,0 heading 0"
 
 
 def test_field_selection_picks_dotted_paths_and_disambiguates_equal_names(typestore):

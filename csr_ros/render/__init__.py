@@ -10,7 +10,8 @@
 - `text`: one message → ``label: body``;
 - `emission`: the per-source change filter (deadbands, keep-alive, events, time jumps) that the
   aggregator node and `csr-ros replay` share;
-- `coalesce`: the per-key minimum period.
+- `coalesce`: the per-key minimum period;
+- `policy`: per-type defaults for a topic nobody configured (event, state, or left out and why).
 
 Pure: no rclpy, no I/O.
 """
@@ -21,8 +22,10 @@ from csr_ros.render.emission import (KIND_DEFAULTS, KIND_OF_TYPE, UNSET, Emissio
                                      emission_kind)
 from csr_ros.render.format import (DEFAULT_FLOAT_DIGITS, DEFAULT_MAX_ARRAY, DEFAULT_MAX_CHARS,
                                    Context, RenderOptions)
-from csr_ros.render.plain import (DurationNs, Plain, StampNs, header_stamp_ns, is_constant_name,
-                                  message_type_name, normalize_type_name, select_fields, to_plain)
+from csr_ros.render.plain import (Bulk, DurationNs, Plain, StampNs, header_stamp_ns,
+                                  is_constant_name, message_type_name, normalize_type_name,
+                                  select_fields, to_plain)
+from csr_ros.render.policy import TopicPolicy, topic_policy, type_policy
 from csr_ros.render.summaries import (BATTERY_STATUS, GOAL_STATUS, SUMMARIZERS, Summary,
                                       summarize_battery_state, summarize_detection2d_array,
                                       summarize_generic, summarize_goal_status_array,
@@ -31,7 +34,7 @@ from csr_ros.render.summaries import (BATTERY_STATUS, GOAL_STATUS, SUMMARIZERS, 
 from csr_ros.render.text import render, render_plain, summarize
 
 __all__ = [
-    "BATTERY_STATUS", "Coalescer", "Context", "DEFAULT_FLOAT_DIGITS", "DEFAULT_MAX_ARRAY",
+    "BATTERY_STATUS", "Bulk", "Coalescer", "Context", "DEFAULT_FLOAT_DIGITS", "DEFAULT_MAX_ARRAY",
     "DEFAULT_MAX_CHARS", "DurationNs", "EmissionConfig", "Emission", "Emitted", "Emitter",
     "EmitterSource", "GOAL_STATUS", "KIND_DEFAULTS", "KIND_OF_TYPE", "Plain", "RenderOptions",
     "SUMMARIZERS", "SourceStats", "StampNs", "Summary", "TimeJump", "UNSET", "changed",
@@ -40,4 +43,5 @@ __all__ = [
     "summarize_battery_state", "summarize_detection2d_array", "summarize_generic",
     "summarize_goal_status_array", "summarize_imu", "summarize_joint_state",
     "summarize_laser_scan", "summarize_odometry", "summarize_string", "to_plain",
+    "TopicPolicy", "topic_policy", "type_policy",
 ]

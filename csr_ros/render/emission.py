@@ -52,12 +52,38 @@ KIND_OF_TYPE = {
     "sensor_msgs/msg/LaserScan": "scan",
     "sensor_msgs/msg/BatteryState": "battery",
     "sensor_msgs/msg/Imu": "imu",
+    "sensor_msgs/msg/NavSatFix": "gnss",
+    "sensor_msgs/msg/Range": "range",
+    "sensor_msgs/msg/Temperature": "temperature",
+    "geometry_msgs/msg/Twist": "twist",
+    "geometry_msgs/msg/TwistStamped": "twist",
+    "geometry_msgs/msg/TwistWithCovarianceStamped": "twist",
+    "geometry_msgs/msg/PoseStamped": "pose",
+    "geometry_msgs/msg/PoseWithCovarianceStamped": "pose",
+    "geometry_msgs/msg/Pose": "pose",
+    "sensor_msgs/msg/Image": "shape",
+    "sensor_msgs/msg/CompressedImage": "shape",
+    "sensor_msgs/msg/PointCloud2": "shape",
+    "sensor_msgs/msg/CameraInfo": "shape",
+    "nav_msgs/msg/OccupancyGrid": "shape",
+    "tf2_msgs/msg/TFMessage": "frames",
+    "diagnostic_msgs/msg/DiagnosticArray": "diagnostics",
+    "rcl_interfaces/msg/Log": "log",
 }
 KIND_DEFAULTS: dict[str, dict[str, float]] = {
     "odometry": {"keepalive_s": 60.0, "deadband_m": 2.0, "deadband_deg": 45.0},
     "scan": {"keepalive_s": 120.0, "deadband_m": 0.5},
     "battery": {"keepalive_s": 300.0, "deadband_pct": 5.0},
     "imu": {"keepalive_s": 60.0, "deadband_deg": 10.0, "deadband": 1.0},
+    "gnss": {"keepalive_s": 120.0, "deadband_m": 5.0},
+    "range": {"keepalive_s": 120.0, "deadband_m": 0.25},
+    "temperature": {"keepalive_s": 300.0, "deadband": 1.0},
+    "twist": {"keepalive_s": 60.0, "deadband": 0.2, "deadband_deg": 20.0},
+    "pose": {"keepalive_s": 60.0, "deadband_m": 2.0, "deadband_deg": 45.0},
+    "shape": {"keepalive_s": 600.0},        # shape/encoding/format: a chunk when they change
+    "frames": {"keepalive_s": 600.0},       # a chunk when a new frame pair appears
+    "diagnostics": {"keepalive_s": 300.0},  # a chunk when a status leaves or enters OK
+    "log": {"keepalive_s": 120.0},          # a chunk per new warning; repeats suppressed
     "generic": {"keepalive_s": 60.0, "deadband": 0.05},
 }
 
@@ -91,8 +117,9 @@ class EmissionConfig:
                                   f"default), got {value}")
             if value != UNSET and f.name in DEADBANDS and f.name not in defaults:
                 used = [d for d in DEADBANDS if d in defaults]
+                judged = ", ".join(used) if used else "any change of its summary, no deadband"
                 raise ConfigError(f"{where}.{f.name} does not apply to this source ({kind} "
-                                  f"changes are judged by {', '.join(used)})")
+                                  f"changes are judged by {judged})")
             if value != UNSET and self.event and f.name in DEADBANDS:
                 raise ConfigError(f"{where}.{f.name}: an event source is never filtered; "
                                   "remove the deadband or set event: false")
@@ -115,6 +142,16 @@ def _num_changed(a: Any, b: Any, band: float, *, relative: bool = True) -> bool:
     if math.isinf(a) or math.isinf(b):
         return a != b
     return abs(a - b) > band * (max(1.0, abs(a)) if relative else 1.0)
+
+
+def geo_distance_m(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
+    """Great-circle distance in metres (inf when either position is unknown)."""
+    if any(math.isnan(v) for v in (lat1, lon1, lat2, lon2)):
+        return 0.0 if all(math.isnan(v) for v in (lat1, lat2)) else math.inf
+    p1, p2 = math.radians(lat1), math.radians(lat2)
+    a = (math.sin((p2 - p1) / 2) ** 2
+         + math.cos(p1) * math.cos(p2) * math.sin(math.radians(lon2 - lon1) / 2) ** 2)
+    return 2 * 6_371_000.0 * math.asin(min(1.0, math.sqrt(a)))
 
 
 def _is_num(v: Any) -> bool:
@@ -148,6 +185,27 @@ def changed(kind: str, cfg: EmissionConfig, old: Mapping[str, Any],
                 return True
         return any(_num_changed(old.get(k, 0.0), new.get(k, 0.0), cfg.deadband, relative=False)
                    for k in new if k.startswith(("gyro_", "acc_")))
+    if kind == "gnss":
+        return (old.get("fix") != new.get("fix")
+                or geo_distance_m(old["lat_deg"], old["lon_deg"], new["lat_deg"],
+                                  new["lon_deg"]) > cfg.deadband_m)
+    if kind == "range":
+        return _num_changed(old["range_m"], new["range_m"], cfg.deadband_m)
+    if kind == "temperature":
+        return _num_changed(old["temperature_c"], new["temperature_c"], cfg.deadband,
+                            relative=False)
+    if kind == "twist":
+        confirmed = seen is None or seen.get("motion") == new.get("motion")
+        return (old.get("motion") != new.get("motion") and confirmed
+                or _num_changed(old["v_mps"], new["v_mps"], cfg.deadband, relative=False)
+                or _num_changed(old["w_dps"], new["w_dps"], cfg.deadband_deg, relative=False))
+    if kind == "pose":
+        return (math.dist((old["x_m"], old["y_m"]), (new["x_m"], new["y_m"])) > cfg.deadband_m
+                or _angle_diff_deg(old["yaw_deg"], new["yaw_deg"]) > cfg.deadband_deg)
+    if kind == "frames":
+        return not set(new.get("pairs") or ()) <= set(old.get("pairs") or ())
+    if kind in ("shape", "diagnostics", "log"):
+        return dict(old) != dict(new)
     if set(old) != set(new):
         return True
     for k, b in new.items():
@@ -341,6 +399,10 @@ class Emitter:
             reason = "instant"
         elif st.cfg.event:
             reason = "event"
+        elif summary.quiet:                   # nothing worth a chunk (an info log line)
+            st.n_suppressed += 1
+            stats.suppressed += 1
+            return []
         elif st.last_features is None:
             reason = "first"
         elif changed(st.kind, st.cfg, st.last_features, summary.features, seen):

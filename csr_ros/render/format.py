@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from csr_ros.errors import ConfigError
-from csr_ros.render.plain import DurationNs, Plain, StampNs
+from csr_ros.render.plain import Bulk, DurationNs, Plain, StampNs
 
 DEFAULT_FLOAT_DIGITS = 3
 DEFAULT_MAX_ARRAY = 8
@@ -119,6 +119,8 @@ _TUPLES = (("x", "y"), ("x", "y", "z"), ("x", "y", "z", "w"))
 
 
 def fmt_value(v: Plain, digits: int, max_array: int, ctx: Context | None = None) -> str:
+    if isinstance(v, Bulk):
+        return f"{{n={v.n}}}"
     if isinstance(v, Mapping) and tuple(v) in _TUPLES and all(map(_is_number, v.values())):
         return ",".join(fmt_scalar(x, digits) for x in v.values())   # Point, Vector3, Quaternion
     if isinstance(v, Mapping):

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from csr_ros.errors import ConfigError
 
-Plain = Any  # None | bool | int | float | str | list[Plain] | dict[str, Plain]
+Plain = Any  # None | bool | int | float | str | Bulk | list[Plain] | dict[str, Plain]
 
 _TYPE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*/(msg/)?[A-Za-z][A-Za-z0-9_]*$")
 
@@ -32,6 +32,32 @@ class StampNs(int):
 
 class DurationNs(int):
     """A builtin_interfaces/Duration as int nanoseconds."""
+
+
+BULK_MIN = 4096     # numeric arrays longer than this are bulk data: only their length is kept
+
+
+class Bulk:
+    """Bulk data (pixels, point data, audio, map cells): its length, never its values.
+
+    Longer numeric arrays than `BULK_MIN` become one, whatever the message shape (numpy,
+    array.array, bytes or a list), so no summary reads them and nothing copies them."""
+    __slots__ = ("n",)
+
+    def __init__(self, n: int):
+        self.n = int(n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Bulk) and other.n == self.n
+
+    def __hash__(self) -> int:
+        return hash(("bulk", self.n))
+
+    def __repr__(self) -> str:
+        return f"Bulk(n={self.n})"
 
 
 def is_constant_name(name: str) -> bool:
@@ -100,15 +126,24 @@ def to_plain(msg: Any) -> Plain:
     if isinstance(msg, float):
         return float(msg)
     if isinstance(msg, (bytes, bytearray, memoryview)):
-        return list(bytes(msg))
+        return Bulk(len(msg)) if len(msg) > BULK_MIN else list(bytes(msg))
     if isinstance(msg, Mapping):
         plain = {str(k): to_plain(v) for k, v in msg.items()
                  if not str(k).startswith("__") and not is_constant_name(str(k))}
         if list(plain) == ["sec", "nanosec"]:
             return StampNs(int(plain["sec"]) * 1_000_000_000 + int(plain["nanosec"]))
         return plain
+    if isinstance(msg, array.array) and len(msg) > BULK_MIN:
+        return Bulk(len(msg))
+    if isinstance(msg, (list, tuple)) and len(msg) > BULK_MIN and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in msg):
+        return Bulk(len(msg))
     if isinstance(msg, (list, tuple, array.array)):
         return [to_plain(v) for v in msg]
+    size = getattr(msg, "size", None)                        # numpy arrays
+    kind = getattr(getattr(msg, "dtype", None), "kind", None)
+    if isinstance(size, int) and size > BULK_MIN and kind in ("b", "i", "u", "f", "c"):
+        return Bulk(size)
     tolist = getattr(msg, "tolist", None)  # numpy arrays and numpy scalars
     if callable(tolist):
         return to_plain(tolist())

@@ -12,6 +12,16 @@ covers every other type, including custom types that exist only in a bag.
     GoalStatusArray   3fa2 succeeded            (only goals whose state changed)
     Detection2DArray  cup 0.91 at 1.2,3.4, person 0.78       (position: the hypothesis pose)
     String            alice: bring me the cup
+    Image             640x480 rgb8              (CompressedImage: jpeg 41kB; never pixels)
+    PointCloud2       20480 points x,y,z,intensity
+    NavSatFix         fix 48.85341,2.34880 alt 35 ±3m
+    Range             0.42m
+    Temperature       23.5°C
+    Twist(Stamped)    moving 0.3m/s 10°/s
+    PoseStamped       at 2.3,-1.2 heading 90    (and PoseWithCovarianceStamped)
+    TFMessage         map>odom, odom>base_link  (the frame pairs; a chunk when one is new)
+    DiagnosticArray   warn motor: hot           (only statuses that are not OK)
+    Log               warn nav2: no progress    (warn and above; lower levels are quiet)
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from csr_ros.render.format import Context, fmt_float, fmt_text, format_pairs
+from csr_ros.render.format import Context, cut, fmt_float, fmt_text, format_pairs
 from csr_ros.render.plain import Plain, StampNs, header_frame
 
 
@@ -28,6 +38,7 @@ from csr_ros.render.plain import Plain, StampNs, header_frame
 class Summary:
     text: str                                            # chunk body, after "label: "
     features: dict[str, Any] = field(default_factory=dict)  # compared by the change filter
+    quiet: bool = False      # nothing worth a chunk (an info log line): suppressed unless event
 
 
 def _num(v: Plain, default: float = math.nan) -> float:
@@ -278,6 +289,168 @@ def summarize_generic(p: Mapping[str, Plain], ctx: Context = Context()) -> Summa
     return Summary(text or "(empty)", features)
 
 
+# -- more common types of recorded bags ---------------------------------------------------------
+
+def _dims(p: Mapping[str, Plain]) -> str:
+    return f"{int(_num(p.get('width'), 0))}x{int(_num(p.get('height'), 0))}"
+
+
+def summarize_image(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """Shape and encoding, never pixels: ``640x480 rgb8``."""
+    encoding = str(p.get("encoding") or "?")
+    return Summary(f"{_dims(p)} {fmt_text(encoding)}" + _frame_note(p, ctx),
+                   {"width": p.get("width"), "height": p.get("height"), "encoding": encoding})
+
+
+def summarize_compressed_image(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """Format and size, never pixels: ``jpeg 41kB``."""
+    fmt = str(p.get("format") or "?")
+    size_kb = len(p.get("data") or []) / 1024
+    return Summary(f"{fmt_text(fmt)} {fmt_float(size_kb, 0)}kB" + _frame_note(p, ctx),
+                   {"format": fmt})
+
+
+def summarize_point_cloud2(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """Point count and fields, never points: ``20480 points x,y,z,intensity``."""
+    n = int(_num(p.get("width"), 0)) * max(1, int(_num(p.get("height"), 1)))
+    names = ",".join(str(f.get("name")) for f in p.get("fields") or [] if isinstance(f, Mapping))
+    organized = int(_num(p.get("height"), 1)) > 1
+    text = f"{n} points {names}".rstrip() + (f" {_dims(p)}" if organized else "")
+    return Summary(text + _frame_note(p, ctx),
+                   {"fields": names, "organized": organized, "dense": p.get("is_dense")})
+
+
+def summarize_camera_info(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """Resolution and distortion model (the calibration matrices are constants of a camera)."""
+    model = str(p.get("distortion_model") or "")
+    return Summary(f"{_dims(p)}" + (f" {fmt_text(model)}" if model else "") + _frame_note(p, ctx),
+                   {"width": p.get("width"), "height": p.get("height"), "model": model})
+
+
+def summarize_occupancy_grid(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """Map size and resolution, never cells: ``384x384 0.05m/cell``."""
+    info = p.get("info") or {}
+    res = _num(info.get("resolution"), 0.0)
+    return Summary(f"{_dims(info)} {fmt_float(res, 3)}m/cell" + _frame_note(p, ctx),
+                   {"width": info.get("width"), "height": info.get("height"),
+                    "resolution_m": res})
+
+
+NAVSAT_STATUS = {-1: "no fix", 0: "fix", 1: "sbas fix", 2: "gbas fix"}
+
+
+def summarize_nav_sat_fix(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """``fix 48.85341,2.34880 alt 35 ±3m`` (5 decimals: about a metre)."""
+    status = NAVSAT_STATUS.get(int(_num((p.get("status") or {}).get("status"), -1)), "fix")
+    lat, lon, alt = (_num(p.get(k)) for k in ("latitude", "longitude", "altitude"))
+    if status == "no fix" or not (math.isfinite(lat) and math.isfinite(lon)):
+        return Summary("no fix" + _frame_note(p, ctx),
+                       {"fix": "no fix", "lat_deg": math.nan, "lon_deg": math.nan})
+    text = f"{status} {lat:.5f},{lon:.5f}"
+    if math.isfinite(alt):
+        text += f" alt {fmt_float(alt, 0)}"
+    cov = p.get("position_covariance") or []
+    if int(_num(p.get("position_covariance_type"), 0)) > 0 and cov and _num(cov[0], -1) >= 0:
+        text += f" ±{fmt_float(math.sqrt(_num(cov[0])), 1)}m"
+    return Summary(text + _frame_note(p, ctx), {"fix": status, "lat_deg": lat, "lon_deg": lon})
+
+
+def summarize_range(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """``0.42m``, or ``out of range`` (inf, nan, outside the sensor's limits)."""
+    r = _num(p.get("range"))
+    lo, hi = _num(p.get("min_range"), 0.0), _num(p.get("max_range"), math.inf)
+    if not (math.isfinite(r) and lo <= r <= hi):
+        return Summary("out of range" + _frame_note(p, ctx), {"range_m": math.inf})
+    return Summary(f"{fmt_float(r, 2)}m" + _frame_note(p, ctx), {"range_m": r})
+
+
+def summarize_temperature(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    t = _num(p.get("temperature"))
+    return Summary(f"{fmt_float(t, 1)}°C" + _frame_note(p, ctx), {"temperature_c": t})
+
+
+def summarize_twist(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """A velocity command or estimate: ``moving 0.3m/s 10°/s`` or ``stopped``."""
+    twist = p.get("twist") if isinstance(p.get("twist"), Mapping) else p   # TwistStamped
+    if isinstance(twist.get("twist"), Mapping):                             # WithCovariance
+        twist = twist["twist"]
+    lin, ang = twist.get("linear") or {}, twist.get("angular") or {}
+    v = _num(lin.get("x"), 0.0)
+    w = math.degrees(_num(ang.get("z"), 0.0))
+    if abs(v) > MOVING_MPS:
+        text, motion = f"{'moving' if v > 0 else 'reversing'} {fmt_float(v, 2)}m/s", "moving"
+    elif abs(w) > TURNING_DPS:
+        text, motion = "turning", "turning"
+    else:
+        text, motion = "stopped", "stopped"
+    if motion != "stopped" and abs(w) > TURNING_DPS:
+        text += f" {fmt_float(w, 0)}°/s"
+    return Summary(text + _frame_note(p, ctx), {"motion": motion, "v_mps": v, "w_dps": w})
+
+
+def summarize_pose(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """PoseStamped, PoseWithCovarianceStamped, Pose: ``at 2.3,-1.2 heading 90``."""
+    pose = p.get("pose") if isinstance(p.get("pose"), Mapping) else p
+    if isinstance(pose.get("pose"), Mapping):                               # WithCovariance
+        pose = pose["pose"]
+    pos = pose.get("position") or {}
+    x, y, z = _num(pos.get("x"), 0.0), _num(pos.get("y"), 0.0), _num(pos.get("z"), 0.0)
+    yaw = yaw_deg(pose.get("orientation") or {})
+    text = f"at {fmt_float(x, 1)},{fmt_float(y, 1)}" + (
+        f",{fmt_float(z, 1)}" if abs(z) >= 0.05 else "") + f" heading {fmt_float(yaw, 0)}"
+    return Summary(text + _frame_note(p, ctx), {"x_m": x, "y_m": y, "yaw_deg": yaw})
+
+
+MAX_FRAME_PAIRS = 8
+
+
+def summarize_tf_message(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """The frame pairs the source has carried (``map>odom, odom>base_link``), not the transforms:
+    the change filter makes a chunk only when a new pair appears."""
+    pairs = {f"{(t.get('header') or {}).get('frame_id', '?')}>{t.get('child_frame_id', '?')}"
+             for t in p.get("transforms") or [] if isinstance(t, Mapping)}
+    known = set((ctx.previous or {}).get("pairs") or ())
+    every = sorted(known | pairs)
+    text = ", ".join(every[:MAX_FRAME_PAIRS]) + (
+        f" +{len(every) - MAX_FRAME_PAIRS} more" if len(every) > MAX_FRAME_PAIRS else "")
+    return Summary(text or "no transforms", {"pairs": tuple(every)})
+
+
+DIAGNOSTIC_LEVEL = {0: "ok", 1: "warn", 2: "error", 3: "stale"}
+
+
+def _level(v: Plain) -> int:
+    if isinstance(v, list):            # a `byte` field from rclpy (bytes) comes as a list
+        v = v[0] if v else 0
+    return int(_num(v, 0))
+
+
+def summarize_diagnostic_array(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """Only the statuses that are not OK: ``warn motor: hot; error lidar: no data``."""
+    bad = []
+    for s in p.get("status") or []:
+        level = _level(s.get("level"))
+        if level != 0:
+            name = str(s.get("name") or "?")
+            bad.append((name, DIAGNOSTIC_LEVEL.get(level, str(level)), str(s.get("message") or "")))
+    statuses = p.get("status") or []
+    text = "; ".join(f"{lv} {n}" + (f": {cut(m, 80)}" if m else "") for n, lv, m in bad)
+    return Summary(text or f"all ok ({len(statuses)})", {n: lv for n, lv, _ in bad})
+
+
+LOG_LEVEL = {10: "debug", 20: "info", 30: "warn", 40: "error", 50: "fatal"}
+LOG_SHOWN = 30                         # warn and above become chunks; others are quiet
+
+
+def summarize_log(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """rcl_interfaces/Log (/rosout): ``warn controller_server: Failed to make progress``."""
+    level = _level(p.get("level"))
+    name = str(p.get("name") or "?")
+    msg = cut(" ".join(str(p.get("msg") or "").split()), 200)
+    text = f"{LOG_LEVEL.get(level, str(level))} {name}: {msg}"
+    return Summary(text, {"level": level, "name": name, "msg": msg}, quiet=level < LOG_SHOWN)
+
+
 Summarizer = Callable[[Mapping[str, Plain], Context], Summary]
 
 SUMMARIZERS: dict[str, Summarizer] = {
@@ -289,4 +462,21 @@ SUMMARIZERS: dict[str, Summarizer] = {
     "action_msgs/msg/GoalStatusArray": summarize_goal_status_array,
     "vision_msgs/msg/Detection2DArray": summarize_detection2d_array,
     "std_msgs/msg/String": summarize_string,
+    "sensor_msgs/msg/Image": summarize_image,
+    "sensor_msgs/msg/CompressedImage": summarize_compressed_image,
+    "sensor_msgs/msg/PointCloud2": summarize_point_cloud2,
+    "sensor_msgs/msg/CameraInfo": summarize_camera_info,
+    "nav_msgs/msg/OccupancyGrid": summarize_occupancy_grid,
+    "sensor_msgs/msg/NavSatFix": summarize_nav_sat_fix,
+    "sensor_msgs/msg/Range": summarize_range,
+    "sensor_msgs/msg/Temperature": summarize_temperature,
+    "geometry_msgs/msg/Twist": summarize_twist,
+    "geometry_msgs/msg/TwistStamped": summarize_twist,
+    "geometry_msgs/msg/TwistWithCovarianceStamped": summarize_twist,
+    "geometry_msgs/msg/PoseStamped": summarize_pose,
+    "geometry_msgs/msg/PoseWithCovarianceStamped": summarize_pose,
+    "geometry_msgs/msg/Pose": summarize_pose,
+    "tf2_msgs/msg/TFMessage": summarize_tf_message,
+    "diagnostic_msgs/msg/DiagnosticArray": summarize_diagnostic_array,
+    "rcl_interfaces/msg/Log": summarize_log,
 }

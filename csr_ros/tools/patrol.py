@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from csr_ros.errors import ConfigError
 from csr_ros.patrol import GROUND_TRUTH_FILE, STORAGES, generate_patrol
 
 
@@ -36,8 +37,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="type of /detections, defined only in the bag: "
                              "patrol_msgs/msg/Detections (default) or "
                              "vision_msgs/msg/Detection2DArray")
+    parser.add_argument("--rename", nargs="+", default=[], metavar="OLD=NEW",
+                        help="write a patrol topic under another name, as another robot "
+                             "would (e.g. /speech/text=/speech /odom=/odometry/filtered)")
+    parser.add_argument("--action-results", choices=("string", "custom"), default="string",
+                        help="type of /action_result: std_msgs/msg/String (default) or the "
+                             "custom patrol_msgs/msg/ActionOutcome")
+    parser.add_argument("--extras", action="store_true",
+                        help="also write a camera (Image), /tf and /tf_static, /cmd_vel, a "
+                             "custom motor status type, /rosout and /diagnostics")
+    parser.add_argument("--image-hz", type=float, default=10.0,
+                        help="camera rate with --extras (default 10)")
+    parser.add_argument("--tf-hz", type=float, default=50.0,
+                        help="/tf rate with --extras (default 50)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace OUT if it exists")
+
+
+def parse_renames(pairs: list[str]) -> dict[str, str]:
+    renamed = {}
+    for pair in pairs:
+        old, sep, new = pair.partition("=")
+        if not sep or not old or not new:
+            raise ConfigError(f"--rename takes OLD=NEW (e.g. /speech/text=/speech), got {pair!r}")
+        renamed[old] = new
+    return renamed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
                             storage=args.storage, overwrite=args.overwrite,
                             odom_hz=args.odom_hz, scan_hz=args.scan_hz,
                             battery_hz=args.battery_hz, noise=args.noise,
-                            detections=args.detections)
+                            detections=args.detections,
+                            topic_names=parse_renames(args.rename), extras=args.extras,
+                            image_hz=args.image_hz, tf_hz=args.tf_hz,
+                            action_results=args.action_results)
     for topic, info in truth.topics.items():
         print(f"{topic:<36} {info['type']:<34} {info['count']:>6}")
     print(json.dumps(truth.event_counts))

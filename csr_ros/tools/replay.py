@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,8 +27,9 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from csr_ros.errors import ConfigError
-from csr_ros.render import EmissionConfig, Emitted, Emitter, RenderOptions, emission_kind
-from csr_ros.ros_params import SCHEMAS, SourceConfig, load_params_file, validate
+from csr_ros.render import EmissionConfig, Emitted, Emitter, emission_kind
+from csr_ros.render.policy import OMIT, topic_policy, type_policy
+from csr_ros.ros_params import SCHEMAS, SourceConfig, auto_source, load_params_file, validate
 
 DEFAULT_TAU_MEM_TOKENS = next(s.default for s in SCHEMAS["reconciler"]
                               if s.name == "tau_mem_tokens")
@@ -107,39 +109,134 @@ def bag_info(paths: list[Path]) -> tuple[dict[str, str], dict[str, int], float]:
         return {c.topic: c.msgtype for c in reader.connections}, counts, duration_s
 
 
-def sources_for(paths: list[Path], params_file: Path | None,
-                topics: list[str] | None) -> dict[str, SourceConfig]:
-    """topic → source: the aggregator's sources from a params file, else every bag topic."""
-    in_bag = bag_topics(paths)
+@dataclass
+class TopicPlan:
+    """What replay does with one topic of the bag, and why (`--stats`, `--json`)."""
+    type_name: str
+    messages: int
+    source: str | None          # the source that renders it; None: left out
+    origin: str                 # config | matched | auto | left out | not configured
+    policy: str                 # event, state with its period, or the reason it is left out
+    note: str = ""
+
+
+@dataclass
+class SourcePlan:
+    sources: dict[str, SourceConfig]          # bag topic → source
+    topics: dict[str, TopicPlan]              # every topic of the bag
+    absent: dict[str, str]                    # configured source → its topic, not in the bag
+    notes: list[str]                          # what was matched or retyped, for stderr
+
+    @property
+    def left_out(self) -> dict[str, TopicPlan]:
+        return {t: p for t, p in self.topics.items() if p.source is None}
+
+
+def _source_name(topic: str, taken: set[str]) -> str:
+    base = re.sub(r"[^A-Za-z0-9_]", "_", topic.strip("/")) or "root"
+    name, i = base, 2
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
+
+
+def _describe(source: SourceConfig) -> str:
+    if source.instant:
+        return "instant"
+    if source.emission.event:
+        return "event"
+    return "state" + (f", period {source.period_s:g} s" if source.period_s else "")
+
+
+def plan_sources(paths: list[Path], params_file: Path | None, topics: list[str] | None = None,
+                 *, only_configured: bool = False) -> SourcePlan:
+    """Which source renders each bag topic.
+
+    A params file's sources render their topics (as the bag's type when it differs). A source
+    whose topic is not in the bag takes the one bag topic of its type that no source names, when
+    there is exactly one. Every other topic gets its type's defaults (`render.policy`): an event,
+    a change-filtered state, or left out with the reason; `only_configured` renders the params
+    file's topics alone. Without a params file every topic gets its type's defaults.
+    """
+    in_bag, counts, duration_s = bag_info(paths)
+    plan = SourcePlan(sources={}, topics={}, absent={}, notes=[])
+    render_defaults: Mapping[str, Any] = {}
     if params_file is not None:
         nodes = load_params_file(params_file)
         if "aggregator" not in nodes:
             raise ConfigError(f"{params_file}: no `aggregator` section")
-        sources = {s.topic: s for s in validate("aggregator", nodes["aggregator"])["sources"]}
-        for topic, source in list(sources.items()):
-            if topic in in_bag and in_bag[topic] != source.type_name:
-                sources[topic] = retyped(source, in_bag[topic])
-                print(f"warning: source {source.name}: {topic} is {in_bag[topic]} in the bag, "
-                      f"not {source.type_name}; rendering it as {in_bag[topic]}"
-                      + (" (deadbands: the type's defaults)" if not source.emission.event
-                         else ""), file=sys.stderr)
-        unread = {t: m for t, m in in_bag.items() if t not in sources}
-        if unread and not topics:
-            print("note: bag topics that are not sources of the params file (not rendered): "
-                  + ", ".join(f"{t} ({m})" for t, m in sorted(unread.items())), file=sys.stderr)
-    else:
-        sources = {t: SourceConfig(name=t.strip("/").replace("/", "_") or "root", topic=t,
-                                   type_name=m, label=t.strip("/").replace("/", "_") or "root",
-                                   period_s=0.0, instant=False, render=RenderOptions(),
-                                   emission=EmissionConfig().resolved(emission_kind(m)))
-                   for t, m in in_bag.items()}
+        params = validate("aggregator", nodes["aggregator"])
+        render_defaults = params
+        configured = params["sources"]
+        named = {s.topic for s in configured}
+        for source in configured:
+            origin, note = "config", ""
+            if source.topic not in in_bag:
+                same = [t for t, m in in_bag.items() if m == source.type_name and t not in named
+                        and t not in plan.sources]
+                if only_configured or len(same) != 1:
+                    plan.absent[source.name] = source.topic
+                    if len(same) > 1 and not only_configured:
+                        plan.notes.append(
+                            f"source {source.name}: {source.topic} is not in the bag and "
+                            f"{len(same)} topics have its type ({', '.join(sorted(same))}): "
+                            "not matched, they are rendered with their type's defaults")
+                    continue
+                origin = "matched"
+                note = f"configured as {source.topic}, which is not in the bag"
+                plan.notes.append(f"source {source.name}: {source.topic} is not in the bag; "
+                                  f"rendering {same[0]}, the bag's only {source.type_name} "
+                                  "topic that no source names")
+                source = replace(source, topic=same[0])
+            if in_bag[source.topic] != source.type_name:
+                note = (f"configured as {source.type_name}; deadbands: the bag type's defaults"
+                        if not source.emission.event else
+                        f"configured as {source.type_name}")
+                plan.notes.append(f"source {source.name}: {source.topic} is "
+                                  f"{in_bag[source.topic]} in the bag, not {source.type_name}; "
+                                  f"rendering it as {in_bag[source.topic]}")
+                source = retyped(source, in_bag[source.topic])
+            plan.sources[source.topic] = source
+            plan.topics[source.topic] = TopicPlan(
+                type_name=in_bag[source.topic], messages=counts.get(source.topic, 0),
+                source=source.name, origin=origin, policy=_describe(source), note=note)
+    taken = {s.name for s in plan.sources.values()} | set(plan.absent)
+    wanted = set(topics or ())
+    for topic, type_name in sorted(in_bag.items()):
+        if topic in plan.sources:
+            continue
+        n = counts.get(topic, 0)
+        if only_configured and params_file is not None and topic not in wanted:
+            plan.topics[topic] = TopicPlan(type_name, n, None, "not configured",
+                                           "left out: --only-configured")
+            continue
+        policy = topic_policy(type_name, topic, rate_hz=n / max(duration_s, 1.0), count=n)
+        if policy.action == OMIT and topic in wanted:
+            policy = type_policy("unknown/msg/Asked", topic)     # named with --topics: rendered
+        if policy.action == OMIT:
+            plan.topics[topic] = TopicPlan(type_name, n, None, "left out", policy.describe())
+            continue
+        source = auto_source(_source_name(topic, taken), topic, type_name, policy,
+                             render_defaults=render_defaults)
+        plan.sources[topic] = source
+        plan.topics[topic] = TopicPlan(type_name, n, source.name, "auto", policy.describe())
     if topics:
-        missing = sorted(set(topics) - set(sources))
+        missing = sorted(set(topics) - set(plan.sources))
         if missing:
             raise ConfigError(f"topics {missing} are not in the bag (or not sources); the bag "
                               f"has {sorted(in_bag)}")
-        sources = {t: s for t, s in sources.items() if t in topics}
-    return sources
+        plan.sources = {t: s for t, s in plan.sources.items() if t in topics}
+    return plan
+
+
+def sources_for(paths: list[Path], params_file: Path | None, topics: list[str] | None,
+                *, only_configured: bool = False) -> dict[str, SourceConfig]:
+    """topic → source (`plan_sources`), its notes printed as warnings."""
+    plan = plan_sources(paths, params_file, topics, only_configured=only_configured)
+    for note in plan.notes:
+        print(f"warning: {note}", file=sys.stderr)
+    return plan.sources
 
 
 def retyped(source: SourceConfig, type_name: str) -> SourceConfig:
@@ -157,6 +254,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="parameters file: use its aggregator sources (topics, periods, "
                              "deadbands, keep-alives, events) and its reconciler's tau_mem")
     parser.add_argument("--topics", nargs="+", default=None, help="only these topics")
+    parser.add_argument("--only-configured", action="store_true",
+                        help="with --params: render only the topics the params file names "
+                             "(no source matched by type, no topic added with its type's "
+                             "defaults)")
     parser.add_argument("--jsonl", type=Path, default=None, help="write chunks as JSON lines")
     parser.add_argument("--chunk-log", type=Path, default=None,
                         help="append the history chunks to this chunk log")
@@ -178,6 +279,8 @@ class SourceTally:
     topic: str
     type_name: str
     event: bool
+    origin: str = "config"      # config | matched | auto
+    policy: str = ""
     bag_messages: int = 0
     chunks: int = 0
     tokens: int = 0
@@ -195,14 +298,16 @@ def tau_mem_tokens(params_file: Path | None) -> int:
 
 def stats_report(tallies: Mapping[str, SourceTally], emitter: Emitter, duration_s: float,
                  tau_mem: int, bag: list[Path], params: Path | None, n_jumps: int,
-                 not_rendered: Mapping[str, str] | None = None) -> dict:
+                 not_rendered: Mapping[str, str] | None = None,
+                 plan: SourcePlan | None = None) -> dict:
     """The numbers `--stats` prints and `--json` writes (history chunks; instant ones apart)."""
     per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: 0.0)
     sources = {}
     for name, t in tallies.items():
         st = emitter.stats[name]
         sources[name] = {
-            "topic": t.topic, "type": t.type_name, "event": t.event,
+            "topic": t.topic, "type": t.type_name, "event": t.event, "origin": t.origin,
+            "policy": t.policy,
             "bag_messages": t.bag_messages, "messages": st.received, "chunks": t.chunks,
             "instant_chunks": t.instant_chunks, "tokens": t.tokens,
             "tokens_per_s": round(per_s(t.tokens), 3),
@@ -211,6 +316,9 @@ def stats_report(tallies: Mapping[str, SourceTally], emitter: Emitter, duration_
             "time_resets": st.time_resets, "render_errors": st.render_errors}
     tokens = sum(t.tokens for t in tallies.values())
     rate = per_s(tokens)
+    events = {name: {"topic": s["topic"], "bag_messages": s["bag_messages"],
+                     "chunks": s["chunks"], "kept": s["chunks"] == s["bag_messages"]}
+              for name, s in sources.items() if s["event"]}
     return {
         "bag": [str(p) for p in bag], "params": str(params) if params else None,
         "robot_time_s": round(duration_s, 3),
@@ -223,6 +331,12 @@ def stats_report(tallies: Mapping[str, SourceTally], emitter: Emitter, duration_
         "tau_mem_tokens": tau_mem,
         "tau_mem_minutes": round(tau_mem / rate / 60.0, 2) if rate > 0 else None,
         "sources": sources,
+        "events": events,
+        "all_events_kept": all(e["kept"] for e in events.values()),
+        "topics": {t: vars(p) for t, p in (plan.topics if plan else {}).items()},
+        "left_out": {t: {"type": p.type_name, "messages": p.messages, "why": p.policy}
+                     for t, p in (plan.left_out if plan else {}).items()},
+        "sources_not_in_bag": dict(plan.absent if plan else {}),
         "topics_not_rendered": dict(not_rendered or {}),
     }
 
@@ -261,7 +375,10 @@ def print_stats(report: dict) -> None:
     rows = [("source", "type", "msgs", "chunks", "tokens", "tok/s", "tok/chunk", "coalesced",
              "suppressed")]
     for name, s in report["sources"].items():
-        rows.append((name + (" (event)" if s["event"] else ""), s["type"].split("/")[-1],
+        marks = [m for m, on in (("event", s["event"]), ("auto", s.get("origin") == "auto"),
+                                 ("matched", s.get("origin") == "matched")) if on]
+        rows.append((name + (f" ({', '.join(marks)})" if marks else ""),
+                     s["type"].split("/")[-1],
                      str(s["messages"]), str(s["chunks"] + s["instant_chunks"]),
                      str(s["tokens"]), f"{s['tokens_per_s']:.2f}", f"{s['tokens_per_chunk']:.1f}",
                      str(s["coalesced"]), str(s["suppressed"])))
@@ -272,6 +389,20 @@ def print_stats(report: dict) -> None:
     for r in rows:
         print("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
                         for i, (c, w) in enumerate(zip(r, widths))))
+    events = report.get("events") or {}
+    if events:
+        print("events kept (chunks/bag messages): " + ", ".join(
+            f"{name} {e['chunks']}/{e['bag_messages']}" for name, e in events.items())
+            + ("; all kept" if report["all_events_kept"] else "; NOT ALL KEPT"))
+    for topic, p in (report.get("topics") or {}).items():
+        if p["origin"] in ("auto", "matched"):
+            print(f"{p['origin']}: {topic} ({p['type_name']}, {p['messages']} msgs) as "
+                  f"{p['source']}: {p['note'] or p['policy']}")
+    for topic, p in (report.get("left_out") or {}).items():
+        print(f"left out: {topic} ({p['type']}, {p['messages']} msgs): "
+              f"{p['why'].removeprefix('left out: ')}")
+    for name, topic in (report.get("sources_not_in_bag") or {}).items():
+        print(f"not in the bag: source {name} ({topic})")
     minutes = report["tau_mem_minutes"]
     print(f"robot time {report['robot_time_s']:.1f} s; tau_mem {report['tau_mem_tokens']} tokens "
           f"holds {minutes if minutes is not None else 'all'} minutes of it"
@@ -282,8 +413,16 @@ def run(args: argparse.Namespace) -> int:
     for path in args.bag:
         if not path.exists():
             raise ConfigError(f"bag {path} does not exist")
-    sources = sources_for(args.bag, args.params, args.topics)
+    plan = plan_sources(args.bag, args.params, args.topics,
+                        only_configured=args.only_configured)
+    for note in plan.notes:
+        print(f"warning: {note}", file=sys.stderr)
+    sources = plan.sources
     counting = args.stats or args.json is not None or args.plot is not None
+    if not args.stats:
+        for topic, p in plan.left_out.items():
+            print(f"note: {topic} ({p.type_name}) not rendered: "
+                  f"{p.policy.removeprefix('left out: ')}", file=sys.stderr)
     tokenizer = None
     if counting:
         from csr_ros.model_store import resolve_model_dir
@@ -297,6 +436,7 @@ def run(args: argparse.Namespace) -> int:
     emitter = make_emitter(sources)
     chunks = replay_chunks(read_bag(args.bag, sources), sources, emitter=emitter)
     tallies = {s.name: SourceTally(topic=t, type_name=s.type_name, event=s.emission.event,
+                                   origin=plan.topics[t].origin, policy=plan.topics[t].policy,
                                    bag_messages=bag_counts.get(t, 0))
                for t, s in sources.items()}
     out = args.jsonl.open("w", encoding="utf-8") if args.jsonl else None
@@ -352,7 +492,7 @@ def run(args: argparse.Namespace) -> int:
               "reset", file=sys.stderr)
     if counting:
         report = stats_report(tallies, emitter, duration_s, tau_mem, args.bag, args.params,
-                              n_jumps, not_rendered)
+                              n_jumps, not_rendered, plan)
         if args.stats:
             print_stats(report)
         if args.json is not None:

@@ -1,0 +1,166 @@
+"""Per-type defaults for a topic nobody configured: an event, a change-filtered state, or left out.
+
+    topic_policy("std_msgs/msg/String", "/speech", rate_hz=0.01)   →  event
+    topic_policy("sensor_msgs/msg/Image", "/camera/image_raw", 10)  →  state, period 1 s (shape)
+    topic_policy("rosgraph_msgs/msg/Clock", "/clock", 100)          →  omit (the simulation clock)
+
+`csr-ros replay --params` uses it for the bag topics the params file does not name; with no
+params file every topic gets it. The emission defaults (deadbands, keep-alive) of a state come
+from the type's kind (`emission.KIND_DEFAULTS`), the same table a configured source of the
+aggregator takes when it leaves them out.
+
+The rule, in order:
+
+1. left out, with the reason, for what is not the robot's state or is display/bulk data only
+   (the clock, parameter events, RViz markers, costmap cells, raw audio, action feedback, the
+   robot model);
+2. an event (every message a chunk) for text, goal status, detections and types or topics that
+   read as events (detection, result, speech, utterance, transcript, outcome, event in the name)
+   unless the topic is a stream (more than `EVENT_MAX_HZ` on average): then only its changes;
+3. a state with the type's summary and change filter, its minimum period from `STATE_PERIOD_S`;
+4. any other type: the generic summary, shorter (`UNKNOWN_MAX_CHARS`), at most one chunk per
+   `UNKNOWN_PERIOD_S` and a wider deadband (`UNKNOWN_DEADBAND`), so no unknown type can take
+   the token budget by itself (at most about 300 characters every 10 s).
+
+Pure: no rclpy, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+EVENT = "event"
+STATE = "state"
+OMIT = "omit"
+
+EVENT_MAX_HZ = 1.0            # an "event" topic faster than this on average is a stream
+EVENT_MIN_COUNT = 30          # ... once it has at least this many messages
+STREAM_PERIOD_S = 1.0         # minimum period of such a stream
+UNKNOWN_PERIOD_S = 10.0       # minimum period of an unknown (custom) state type
+UNKNOWN_MAX_CHARS = 300       # and its longest chunk
+UNKNOWN_DEADBAND = 1.0        # and the change of a numeric field that counts (relative beyond 1)
+UNKNOWN_KEEPALIVE_S = 120.0
+AUTO_MAX_CHARS = 600          # longest chunk of any other topic added by default
+
+EVENT_TYPES = {
+    "std_msgs/msg/String": "text (speech, results, commands)",
+    "action_msgs/msg/GoalStatusArray": "action goal states",
+    "vision_msgs/msg/Detection2DArray": "detections",
+    "vision_msgs/msg/Detection3DArray": "detections",
+    "vision_msgs/msg/Classification": "classifications",
+}
+EVENT_WORDS = re.compile(r"detect|result|speech|utter|transcri|outcome|event", re.IGNORECASE)
+
+STATE_PERIOD_S = {                    # minimum period of each known state type
+    "nav_msgs/msg/Odometry": 0.5,
+    "sensor_msgs/msg/LaserScan": 0.5,
+    "sensor_msgs/msg/BatteryState": 0.0,
+    "sensor_msgs/msg/Imu": 1.0,
+    "sensor_msgs/msg/JointState": 1.0,
+    "sensor_msgs/msg/NavSatFix": 1.0,
+    "sensor_msgs/msg/Range": 0.5,
+    "sensor_msgs/msg/Temperature": 1.0,
+    "geometry_msgs/msg/Twist": 0.5,
+    "geometry_msgs/msg/TwistStamped": 0.5,
+    "geometry_msgs/msg/TwistWithCovarianceStamped": 0.5,
+    "geometry_msgs/msg/PoseStamped": 0.5,
+    "geometry_msgs/msg/PoseWithCovarianceStamped": 0.5,
+    "geometry_msgs/msg/Pose": 0.5,
+    "sensor_msgs/msg/Image": 1.0,
+    "sensor_msgs/msg/CompressedImage": 1.0,
+    "sensor_msgs/msg/PointCloud2": 1.0,
+    "sensor_msgs/msg/CameraInfo": 1.0,
+    "nav_msgs/msg/OccupancyGrid": 1.0,
+    "tf2_msgs/msg/TFMessage": 1.0,
+    "diagnostic_msgs/msg/DiagnosticArray": 1.0,
+    "rcl_interfaces/msg/Log": 1.0,
+}
+STATE_NOTES = {
+    "sensor_msgs/msg/Image": "shape and encoding only",
+    "sensor_msgs/msg/CompressedImage": "format and size only",
+    "sensor_msgs/msg/PointCloud2": "point count and fields only",
+    "sensor_msgs/msg/CameraInfo": "resolution only",
+    "nav_msgs/msg/OccupancyGrid": "size and resolution only",
+    "tf2_msgs/msg/TFMessage": "frame pairs, a chunk when one is new",
+    "diagnostic_msgs/msg/DiagnosticArray": "statuses that are not OK",
+    "rcl_interfaces/msg/Log": "warnings and errors, repeats suppressed",
+}
+
+OMIT_TYPES = {
+    "rosgraph_msgs/msg/Clock": "the simulation clock (every chunk has its time)",
+    "rcl_interfaces/msg/ParameterEvent": "node parameter changes (configuration, not state)",
+    "visualization_msgs/msg/Marker": "RViz display markers",
+    "visualization_msgs/msg/MarkerArray": "RViz display markers",
+    "visualization_msgs/msg/InteractiveMarkerUpdate": "RViz display markers",
+    "map_msgs/msg/OccupancyGridUpdate": "costmap cells",
+    "nav2_msgs/msg/Costmap": "costmap cells",
+    "nav2_msgs/msg/VoxelGrid": "costmap cells",
+    "bond/msg/Status": "node heartbeats",
+}
+OMIT_TOPICS = {
+    "/robot_description": "the robot model (URDF)",
+}
+
+
+@dataclass(frozen=True)
+class TopicPolicy:
+    action: str                        # event | state | omit
+    period_s: float = 0.0              # minimum period of a state
+    max_chars: int = AUTO_MAX_CHARS
+    reason: str = ""                   # why: shown per topic by `replay --stats` and --json
+    deadband: float = -1.0             # -1: the kind's defaults (emission.KIND_DEFAULTS)
+    keepalive_s: float = -1.0
+
+    def describe(self) -> str:
+        if self.action == OMIT:
+            return f"left out: {self.reason}"
+        period = f", period {self.period_s:g} s" if self.period_s else ""
+        return f"{self.action}{period}" + (f" ({self.reason})" if self.reason else "")
+
+
+def _omit_reason(type_name: str, topic: str) -> str | None:
+    if topic in OMIT_TOPICS:
+        return OMIT_TOPICS[topic]
+    if type_name in OMIT_TYPES:
+        return OMIT_TYPES[type_name]
+    name = type_name.rsplit("/", 1)[-1]
+    if name.endswith("_FeedbackMessage"):
+        return "action feedback (progress; the goal's outcome is on the action's status topic)"
+    if "audio" in type_name.lower():
+        return "raw audio"
+    return None
+
+
+def type_policy(type_name: str, topic: str = "") -> TopicPolicy:
+    """The default for a topic of this type, before its rate is known."""
+    omit = _omit_reason(type_name, topic)
+    if omit is not None:
+        return TopicPolicy(OMIT, reason=omit)
+    if type_name in EVENT_TYPES:
+        return TopicPolicy(EVENT, reason=EVENT_TYPES[type_name])
+    if type_name in STATE_PERIOD_S:
+        return TopicPolicy(STATE, period_s=STATE_PERIOD_S[type_name],
+                           reason=STATE_NOTES.get(type_name, "change-driven"))
+    words = EVENT_WORDS.search(type_name.rsplit("/", 1)[-1]) or EVENT_WORDS.search(topic)
+    if words:
+        return TopicPolicy(EVENT, reason=f"{words.group(0).lower()} in the name")
+    return TopicPolicy(STATE, period_s=UNKNOWN_PERIOD_S, max_chars=UNKNOWN_MAX_CHARS,
+                       deadband=UNKNOWN_DEADBAND, keepalive_s=UNKNOWN_KEEPALIVE_S,
+                       reason="no summary for this type: generic, bounded")
+
+
+def topic_policy(type_name: str, topic: str = "", *, rate_hz: float | None = None,
+                 count: int | None = None) -> TopicPolicy:
+    """`type_policy`, with an event topic that is really a stream kept to its changes."""
+    policy = type_policy(type_name, topic)
+    if policy.action == EVENT and rate_hz is not None and rate_hz > EVENT_MAX_HZ \
+            and (count is None or count >= EVENT_MIN_COUNT):
+        return TopicPolicy(STATE, period_s=STREAM_PERIOD_S,
+                           reason=f"{policy.reason}, but {rate_hz:.1f} Hz is a stream: "
+                                  "changes only")
+    return policy
+
+
+__all__ = ["AUTO_MAX_CHARS", "EVENT", "EVENT_MAX_HZ", "OMIT", "STATE", "TopicPolicy",
+           "UNKNOWN_MAX_CHARS", "UNKNOWN_PERIOD_S", "topic_policy", "type_policy"]

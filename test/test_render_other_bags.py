@@ -1,0 +1,200 @@
+"""Recorded bags that do not follow the params file: other topic names and rates, extra topics
+(a 10 Hz camera, /tf at 50 Hz, a custom type nobody knows), still rendered within budget with
+every event kept."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from rosbags.typesys import Stores, get_typestore
+
+from csr_ros import patrol
+from csr_ros.cli import main as cli_main
+from csr_ros.render import Bulk, Emitter, EmitterSource, to_plain, topic_policy, type_policy
+from csr_ros.render.emission import EmissionConfig
+from csr_ros.render.summaries import (summarize_diagnostic_array, summarize_log,
+                                      summarize_nav_sat_fix, summarize_tf_message)
+from csr_ros.tools.replay import plan_sources, read_bag, replay_chunks
+
+CONFIG = "config/csr_ros.yaml"
+S = 1_000_000_000
+RENAMED = {"/speech/text": "/speech", "/odom": "/odometry/filtered",
+           "/detections": "/detections2d", "/battery_state": "/battery",
+           "/action_result": "/robot/action_result"}
+CONSTANT = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b")
+LONG_INT = re.compile(r"\d{10,}")
+
+
+@pytest.fixture(scope="module")
+def other_bag(tmp_path_factory):
+    """Three minutes of a robot whose topics are named otherwise and that records more."""
+    out = tmp_path_factory.mktemp("other") / "bag"
+    truth = patrol.generate_patrol(out, duration_s=180.0, seed=4, odom_hz=10.0, scan_hz=10.0,
+                                   battery_hz=0.5, topic_names=RENAMED, extras=True,
+                                   image_hz=10.0, tf_hz=50.0, action_results="custom",
+                                   detections="vision_msgs")
+    return out, truth
+
+
+def test_a_bag_with_other_topic_names_keeps_every_event_within_budget(other_bag, tmp_path,
+                                                                       capsys):
+    bag, truth = other_bag
+    assert truth.topics["/camera/image_raw"]["count"] >= 1790          # 10 Hz camera
+    assert truth.topics["/tf"]["count"] >= 8990                         # 50 Hz transforms
+    out = tmp_path / "stats.json"
+    assert cli_main(["replay", str(bag), "--params", CONFIG, "--stats",
+                     "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    s = report["sources"]
+    # the configured sources found their topics by type, and say so
+    assert s["speech"]["topic"] == "/speech" and s["speech"]["origin"] == "matched"
+    assert s["odom"]["topic"] == "/odometry/filtered" and s["battery"]["topic"] == "/battery"
+    assert "matched: /speech" in printed
+    # every event: chunks equal the bag's messages, and the report says so
+    events = report["events"]
+    assert events["speech"]["chunks"] == truth.event_counts["utterance"] > 0
+    assert events["detections"]["chunks"] == truth.event_counts["detection"] > 0
+    results = [e for e in events.values() if e["topic"] == "/robot/action_result"]
+    assert len(results) == 1 and results[0]["chunks"] == truth.event_counts["action_result"] > 0
+    assert report["all_events_kept"] and "all kept" in printed
+    # the topics nobody configured: each with its policy, none left silently
+    topics = report["topics"]
+    assert set(topics) == set(truth.topics)
+    assert topics["/camera/image_raw"]["origin"] == "auto"
+    assert topics["/motor_status"]["policy"].startswith("state, period 10 s")
+    assert s["camera_image_raw"]["chunks"] <= 2 and s["tf"]["chunks"] <= 3
+    assert report["totals"]["tokens_per_s"] <= 20.0
+    assert sum(v["tokens"] for v in s.values()) == report["totals"]["tokens"]
+
+
+def test_nothing_heavy_leaks_from_images_transforms_or_custom_types(other_bag):
+    bag, _ = other_bag
+    sources = plan_sources([bag], CONFIG).sources
+    chunks = list(replay_chunks(read_bag([bag], sources), sources))
+    texts = [c.text for c in chunks]
+    camera = [t for t in texts if " camera/image_raw: " in t]
+    assert camera and all(t.endswith("camera/image_raw: 128x96 rgb8") for t in camera)
+    tf = [t for t in texts if " tf: " in t]
+    assert tf == [tf[0]] and "map>odom" in tf[0] and "odom>base_link" in tf[0]
+    assert max(len(t) for t in texts) < 400
+    assert [t for t in texts if CONSTANT.search(t) or LONG_INT.search(t)] == []
+    logs = [t for t in texts if " rosout: " in t]
+    assert all(" warn " in t or " error " in t for t in logs)      # info lines are quiet
+
+
+def test_only_configured_renders_the_params_topics_alone_and_names_the_rest(other_bag):
+    bag, _ = other_bag
+    plan = plan_sources([bag], CONFIG, only_configured=True)
+    assert set(plan.sources) == {"/scan", "/navigate_to_pose/_action/status"}
+    assert plan.absent["speech"] == "/speech/text"
+    assert plan.topics["/camera/image_raw"].policy == "left out: --only-configured"
+
+
+def test_a_configured_topic_missing_from_the_bag_is_not_matched_when_two_topics_could_be_it(
+        tmp_path):
+    bag = tmp_path / "bag"
+    patrol.generate_patrol(bag, duration_s=20.0, seed=1,
+                           topic_names={"/speech/text": "/speech", "/action_result": "/results"})
+    plan = plan_sources([bag], CONFIG)
+    assert "speech" in plan.absent and "actions" in plan.absent
+    assert any("2 topics have its type" in n for n in plan.notes)
+    assert plan.topics["/speech"].origin == "auto" and plan.sources["/speech"].emission.event
+    assert plan.topics["/results"].origin == "auto" and plan.sources["/results"].emission.event
+
+
+def test_type_defaults_make_events_states_or_leave_out_with_a_reason():
+    assert type_policy("std_msgs/msg/String", "/speech").action == "event"
+    assert type_policy("acme_msgs/msg/ObjectDetections", "/objects").action == "event"
+    assert type_policy("acme_msgs/msg/Pulse", "/task_result").action == "event"
+    assert type_policy("sensor_msgs/msg/Image", "/cam").action == "state"
+    unknown = type_policy("acme_msgs/msg/Wheels", "/wheels")
+    assert (unknown.action, unknown.period_s, unknown.max_chars) == ("state", 10.0, 300)
+    assert type_policy("rosgraph_msgs/msg/Clock", "/clock").describe().startswith("left out: ")
+    assert type_policy("std_msgs/msg/String", "/robot_description").action == "omit"
+    assert type_policy("nav2_msgs/action/NavigateToPose_FeedbackMessage", "/x").action == "omit"
+    stream = topic_policy("vision_msgs/msg/Detection2DArray", "/det", rate_hz=15.0, count=9000)
+    assert stream.action == "state" and "stream" in stream.reason
+    assert topic_policy("std_msgs/msg/String", "/speech", rate_hz=0.02, count=12).action == \
+        "event"
+
+
+def test_bulk_arrays_are_kept_as_their_length_in_every_message_shape():
+    data = np.zeros(640 * 480 * 3, dtype=np.uint8)
+    assert to_plain(data) == to_plain(bytes(data)) == to_plain(list(data[:5000].tolist()) +
+                                                               [0] * (len(data) - 5000))
+    assert to_plain(data) == Bulk(921600)
+    assert to_plain(np.zeros(360, dtype=np.float32)) == [0.0] * 360     # a scan stays data
+    e = Emitter([EmitterSource("blob", "acme_msgs/msg/Blob")])
+    out = e.offer("blob", {"name": "cam", "data": data}, 0)
+    assert out[0].text == "0s blob: name=cam data={n=921600}"
+
+
+def test_logs_below_warn_are_quiet_unless_the_source_is_an_event():
+    info = {"level": 20, "name": "nav", "msg": "Reached the goal!"}
+    warn = {"level": 30, "name": "nav", "msg": "Failed  to make\nprogress"}
+    assert summarize_log(info).quiet and not summarize_log(warn).quiet
+    assert summarize_log(warn).text == "warn nav: Failed to make progress"
+    e = Emitter([EmitterSource("log", "rcl_interfaces/msg/Log")])
+    out = [c for i, m in enumerate([info, warn, info, warn]) for c in e.offer("log", m, i * S)]
+    assert [c.text for c in out] == ["1s log: warn nav: Failed to make progress"]
+    assert e.stats["log"].suppressed == 3
+    events = Emitter([EmitterSource("log", "rcl_interfaces/msg/Log",
+                                    emission=EmissionConfig(event=True))])
+    assert len([c for m in (info, warn) for c in events.offer("log", m, 0)]) == 2
+
+
+def test_diagnostics_list_only_statuses_that_are_not_ok():
+    ok = {"level": 0, "name": "motors", "message": "ok"}
+    hot = {"level": [1], "name": "lidar", "message": "no data"}     # a byte from rclpy
+    assert summarize_diagnostic_array({"status": [ok, ok]}).text == "all ok (2)"
+    assert summarize_diagnostic_array({"status": [ok, hot]}).text == "warn lidar: no data"
+
+
+def test_transforms_make_a_chunk_only_when_a_new_frame_pair_appears():
+    def tf(*pairs):
+        return {"transforms": [{"header": {"frame_id": a}, "child_frame_id": b}
+                               for a, b in pairs]}
+    e = Emitter([EmitterSource("tf", "tf2_msgs/msg/TFMessage", period_s=0.0)])
+    msgs = [tf(("odom", "base_link"))] * 5 + [tf(("map", "odom"))] + [
+        tf(("odom", "base_link"))] * 5
+    out = [c.text for i, m in enumerate(msgs) for c in e.offer("tf", m, i * S // 50)]
+    assert out == ["0s tf: odom>base_link", "0s tf: map>odom, odom>base_link"]
+    assert summarize_tf_message(tf()).text == "no transforms"
+
+
+def test_gnss_fix_moves_past_its_deadband_in_metres():
+    def fix(lat):
+        return {"status": {"status": 0}, "latitude": lat, "longitude": 2.3488,
+                "altitude": 35.0, "position_covariance": [9.0] + [0.0] * 8,
+                "position_covariance_type": 2}
+    assert summarize_nav_sat_fix(fix(48.85341)).text == "fix 48.85341,2.34880 alt 35 ±3m"
+    assert summarize_nav_sat_fix({"status": {"status": -1}}).text == "no fix"
+    e = Emitter([EmitterSource("gps", "sensor_msgs/msg/NavSatFix")])      # 5 m by default
+    lats = [48.85341, 48.85343, 48.85345, 48.85341 + 10 / 111_000]
+    out = [c.text for i, lat in enumerate(lats) for c in e.offer("gps", fix(lat), i * S)]
+    assert len(out) == 2 and e.stats["gps"].suppressed == 2
+
+
+def test_image_and_point_cloud_summaries_never_carry_their_data():
+    store = get_typestore(Stores.ROS2_JAZZY)
+    t = store.types
+    image = t["sensor_msgs/msg/Image"](
+        header=t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=1, nanosec=0),
+                                        frame_id="cam"),
+        height=480, width=640, encoding="bgr8", is_bigendian=0, step=1920,
+        data=np.full(640 * 480 * 3, 7, dtype=np.uint8))
+    field = t["sensor_msgs/msg/PointField"]
+    cloud = t["sensor_msgs/msg/PointCloud2"](
+        header=image.header, height=1, width=20480,
+        fields=[field(name=n, offset=4 * i, datatype=7, count=1) for i, n in enumerate("xyz")],
+        is_bigendian=False, point_step=12, row_step=12 * 20480,
+        data=np.zeros(12 * 20480, dtype=np.uint8), is_dense=True)
+    e = Emitter([EmitterSource("cam", "sensor_msgs/msg/Image"),
+                 EmitterSource("lidar", "sensor_msgs/msg/PointCloud2")])
+    assert e.offer("cam", image, S)[0].text == "0s cam: 640x480 bgr8"
+    assert e.offer("lidar", cloud, S)[0].text == "0s lidar: 20480 points x,y,z"
+    assert e.offer("cam", image, 2 * S) == []                  # same shape: suppressed
