@@ -471,3 +471,30 @@ def test_imu_joint_state_and_battery_summaries_are_compact_and_the_same_in_every
     for shape in shapes:
         for label, msg in (("imu", imu), ("joints", joints), ("battery", battery_msg)):
             assert render(shape(msg), label=label) == expected[label]
+
+
+# -- a restarted aggregator continues the episode's time ----------------------------------------
+
+def test_a_restart_with_a_chunk_log_continues_the_episode_time_instead_of_starting_at_zero(
+        tmp_path):
+    from csr_ros.chunklog import ChunkLog
+    from csr_ros.render import episode_origin_ns
+    from csr_ros.state import Chunk, Seq
+
+    path = tmp_path / "chunks.log"
+    speech = EmitterSource("speech", "std_msgs/msg/String", emission=EmissionConfig(event=True))
+    first = Emitter([speech])
+    with ChunkLog(path) as log:
+        for i, t_s in enumerate((1000.0, 1012.5, 1130.2)):          # the aggregator's clock
+            e = first.offer("speech", {"data": f"utterance {i}"}, int(t_s * S))[0]
+            log.append_chunk(Chunk(seq=Seq(i), source="speech", stamp_ns=e.stamp_ns,
+                                   text=e.text, token_ids=()))
+    assert [r.text for r in ChunkLog(path).records if hasattr(r, "text")][-1] == \
+        "130s speech: utterance 2"
+    with ChunkLog(path) as log:                                       # restarted, 10 min later
+        origin_ns = episode_origin_ns(log.records)
+    assert origin_ns == 1000 * S
+    again = Emitter([speech], origin_ns=origin_ns)
+    assert again.offer("speech", {"data": "back"}, int(1730.4 * S))[0].text == \
+        "730s speech: back"
+    assert episode_origin_ns([]) is None

@@ -34,7 +34,7 @@ from csr_ros.msg import StateChunk
 from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
                                   CHUNKS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS, declare,
                                   resolve_message_type, run, time_msg, with_undeclared)
-from csr_ros.render import Emitted, Emitter
+from csr_ros.render import Emitted, Emitter, episode_origin_ns
 from csr_ros.ros_params import QosChoice, SourceConfig, match_publishers
 from csr_ros.srv import GetChunks
 from csr_ros.state import Chunk, Seq
@@ -86,6 +86,8 @@ class AggregatorNode(Node):
         self.chunk_log = ChunkLog(self.params["chunk_log"]) if self.params["chunk_log"] else None
         self.next_seq = self._restore_seq()
         self.stream = self._restore_stream()
+        if self.chunk_log is not None:      # the episode goes on: chunk times continue, not at 0
+            self.emitter.origin_ns = episode_origin_ns(self.chunk_log.records)
         self.instant_seq = itertools.count()
         self.render_errors: dict[str, int] = {}
         self.wrong_types: dict[str, set[str]] = {}      # source → other types seen on its topic

@@ -19,7 +19,7 @@ Pure: no rclpy, no I/O.
 from csr_ros.render.coalesce import Coalescer, Emission
 from csr_ros.render.emission import (KIND_DEFAULTS, KIND_OF_TYPE, UNSET, EmissionConfig, Emitted,
                                      Emitter, EmitterSource, SourceStats, TimeJump, changed,
-                                     emission_kind)
+                                     emission_kind, episode_origin_ns)
 from csr_ros.render.format import (DEFAULT_FLOAT_DIGITS, DEFAULT_MAX_ARRAY, DEFAULT_MAX_CHARS,
                                    Context, RenderOptions)
 from csr_ros.render.plain import (Bulk, DurationNs, Plain, StampNs, header_stamp_ns,
@@ -43,5 +43,5 @@ __all__ = [
     "summarize_battery_state", "summarize_detection2d_array", "summarize_generic",
     "summarize_goal_status_array", "summarize_imu", "summarize_joint_state",
     "summarize_laser_scan", "summarize_odometry", "summarize_string", "to_plain",
-    "TopicPolicy", "topic_policy", "type_policy",
+    "TopicPolicy", "topic_policy", "type_policy", "episode_origin_ns",
 ]

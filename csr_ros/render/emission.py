@@ -34,6 +34,7 @@ Pure: no rclpy, no I/O; the aggregator node and `csr-ros replay` use the same ob
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Any, Iterable, Mapping
 
@@ -216,6 +217,24 @@ def changed(kind: str, cfg: EmissionConfig, old: Mapping[str, Any],
         elif a != b:
             return True
     return False
+
+
+# -- the episode's origin across restarts ---------------------------------------------------------
+
+_ELAPSED = re.compile(r"^(\d+)s ")
+
+
+def episode_origin_ns(chunks: Iterable[Any]) -> int | None:
+    """The episode start of chunks written before (a chunk log's records, oldest first): the
+    first chunk's stamp less the episode time its text starts with (within a second, as times
+    are whole seconds). None when no chunk says, e.g. an empty log."""
+    for chunk in chunks:
+        text, stamp_ns = getattr(chunk, "text", None), getattr(chunk, "stamp_ns", None)
+        if isinstance(text, str) and isinstance(stamp_ns, int):
+            match = _ELAPSED.match(text)
+            if match:
+                return stamp_ns - int(match.group(1)) * 1_000_000_000
+    return None
 
 
 # -- the emitter ---------------------------------------------------------------------------------
@@ -427,4 +446,5 @@ class Emitter:
 
 
 __all__ = ["UNSET", "KIND_DEFAULTS", "KIND_OF_TYPE", "EmissionConfig", "Emitter", "Emitted",
-           "EmitterSource", "SourceStats", "TimeJump", "changed", "emission_kind"]
+           "EmitterSource", "SourceStats", "TimeJump", "changed", "emission_kind",
+           "episode_origin_ns"]
