@@ -381,3 +381,20 @@ def test_a_patrol_directory_becomes_an_episode_whose_chunks_hold_each_answer(tmp
     with pytest.raises(ConfigError, match="holds no ground_truth.json"):
         (tmp_path / "empty").mkdir()
         patrol_episode(tmp_path / "empty")
+
+
+def test_a_patrol_written_in_ama_format_reads_back_as_multiple_choice_episodes(tmp_path):
+    from csr_ros.eval.patrol import write_patrol_ama
+
+    out = tmp_path / "patrol_ama.jsonl"
+    assert write_patrol_ama([tmp_path / "p0", tmp_path / "p1"], out, duration_s=120.0,
+                            n_questions=5, seed=4) == 2
+    episodes = ama_episodes(out)
+    assert [e.name for e in episodes] == ["patrol-4-120s", "patrol-5-120s"]
+    for e in episodes:
+        assert e.observations[0].text.startswith("Step 0:\nAction: ")
+        assert 1 <= len(e.questions) <= 5
+        assert len({q.question for q in e.questions}) == len(e.questions)
+        for q in e.questions:
+            assert q.answer in q.choices and q.choices[0] == "(A)"
+            assert q.t_s == len(e.observations)

@@ -53,6 +53,11 @@ def patrol_episode(directory: str | Path, *, duration_s: float = 600.0, n_questi
     truth = load_truth(directory)
     questions = patrol_questions(truth.events, truth.duration_s, n_questions=n_questions,
                                  seed=seed)
+    return _render(directory, truth, questions, params)
+
+
+def _render(directory: Path, truth, questions: list[Question],
+            params: Path | None) -> EvalEpisode:
     params = params or default_params()
     if params is None:
         raise ConfigError("no parameters file for the patrol's sources: pass --params "
@@ -64,24 +69,35 @@ def patrol_episode(directory: str | Path, *, duration_s: float = 600.0, n_questi
 
 
 def patrol_questions(events: Sequence[dict[str, Any]], duration_s: float, *,
-                     n_questions: int = 60, seed: int = 0) -> list[Question]:
+                     n_questions: int = 60, seed: int = 0, at_s: float | None = None,
+                     kinds: Sequence[str] = KINDS) -> list[Question]:
+    """`n_questions` at times drawn after the first minute, or all at `at_s` (then without
+    repeats: fewer when the patrol holds fewer distinct questions)."""
     if n_questions < 1:
         raise ConfigError(f"n_questions must be >= 1, got {n_questions}")
     if duration_s <= FIRST_QUESTION_S + 1.0:
         raise ConfigError(f"the patrol lasts {duration_s:.0f} s; questions start after "
                           f"{FIRST_QUESTION_S:.0f} s: generate a longer one")
     rng = random.Random(seed)
-    times = sorted(round(rng.uniform(FIRST_QUESTION_S, duration_s - 0.5), 1)
-                   for _ in range(n_questions))
+    if at_s is None:
+        times = sorted(round(rng.uniform(FIRST_QUESTION_S, duration_s - 0.5), 1)
+                       for _ in range(n_questions))
+    else:
+        times = [float(at_s)] * (20 * n_questions)          # draws; repeats are skipped
     pools = _pools(events)
     questions: list[Question] = []
+    asked: set[str] = set()
     for i, t_s in enumerate(times):
-        for j in range(len(KINDS)):
-            kind = KINDS[(i + j) % len(KINDS)]
+        if len(questions) >= n_questions:
+            break
+        for j in range(len(kinds)):
+            kind = kinds[(i + j) % len(kinds)]
             q = _ask(kind, t_s, events, pools, rng)
-            if q is not None:
+            if q is not None and (at_s is None or q[0] not in asked):
+                asked.add(q[0])
                 questions.append(Question(t_s=t_s, question=q[0], answer=q[1],
-                                          choices=tuple(q[2]), kind=kind, qid=f"q{i:03d}"))
+                                          choices=tuple(q[2]), kind=kind,
+                                          qid=f"q{len(questions):03d}"))
                 break
     if not questions:
         raise ConfigError("the patrol has no event to ask about; generate a longer one")
@@ -151,3 +167,51 @@ def _ask(kind: str, t_s: float, events, pools, rng: random.Random):
             return None
         return "What did the robot's last action return?", answer, options
     raise AssertionError(f"unknown question kind {kind}")
+
+
+def patrol_ama_record(directory: str | Path, *, duration_s: float = 600.0, n_questions: int = 12,
+                      seed: int = 0, params: Path | None = None) -> dict[str, Any]:
+    """One patrol as an AMA-Bench episode: each history chunk is a turn (action: its source,
+    observation: its text), and multiple-choice questions in AMA's style ("... (A) x (B) y",
+    answer "(B)") are asked after the last turn. `how_long_ago` needs a clock, which AMA
+    episodes have not, so it is left out."""
+    from csr_ros.patrol import generate_patrol, load_truth
+
+    directory = Path(directory)
+    if not directory.exists():
+        generate_patrol(directory, duration_s=duration_s, seed=seed)
+    truth = load_truth(directory)
+    questions = patrol_questions(truth.events, truth.duration_s, n_questions=n_questions,
+                                 seed=seed, at_s=truth.duration_s + 1.0,
+                                 kinds=("last_seen", "asked_for", "last_result"))
+    episode = _render(directory, truth, questions, params)
+    turns = [{"turn_idx": i, "action": o.source, "observation": o.text}
+             for i, o in enumerate(o for o in episode.observations if not o.instant)]
+    qa_pairs = []
+    for q in questions:
+        letters = [chr(ord("A") + i) for i in range(len(q.choices))]
+        options = " ".join(f"({letter}) {choice}" for letter, choice in zip(letters, q.choices))
+        answer = letters[q.choices.index(q.answer)]
+        qa_pairs.append({"question": f"{q.question} {options}", "answer": f"({answer})",
+                         "type": q.kind})
+    return {"episode_id": f"patrol-{truth.seed}-{int(truth.duration_s)}s",
+            "task": "Patrol the flat, help the people in it and report what you saw.",
+            "domain": "embodied_ai", "task_type": "patrol", "trajectory": turns,
+            "qa_pairs": qa_pairs}
+
+
+def write_patrol_ama(directories: Sequence[str | Path], out: str | Path, *,
+                     duration_s: float = 600.0, n_questions: int = 12, seed: int = 0,
+                     params: Path | None = None) -> int:
+    """Write each patrol directory (generated with seed + its index when absent) as one line
+    of an AMA-Bench JSONL file; returns the number of episodes."""
+    import json
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for i, directory in enumerate(directories):
+            record = patrol_ama_record(directory, duration_s=duration_s,
+                                       n_questions=n_questions, seed=seed + i, params=params)
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return len(directories)

@@ -35,6 +35,7 @@ INSTANT_STALE_S = 30.0
 class MethodSpec:
     name: str                          # csr | window | bm25 | none
     budget: dict = field(default_factory=dict)
+    note: str = ""                     # how the budget was chosen (e.g. "ttft of csr tau_mem=2048")
 
     def __post_init__(self):
         if self.name not in METHODS:
@@ -181,7 +182,7 @@ def evaluate(episodes: Sequence[EvalEpisode], specs: Sequence[MethodSpec],
         finally:
             method.close()
         runs.append({"method": method.name, "label": method.label, "budget": method.budget,
-                     "wall_s": time.monotonic() - started, **extra})
+                     "matched": spec.note, "wall_s": time.monotonic() - started, **extra})
         records.extend(mine)
         if progress is not None:
             n_ok = sum(r.correct for r in mine)

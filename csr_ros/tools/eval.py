@@ -11,7 +11,8 @@ same resource and model, one method after another. Budgets are parameters and ta
 (`--tau-mem 1024,2048` runs CSR twice). A method whose budget is not given is matched to CSR:
 `--match tokens` gives the window and BM25 as many history tokens as CSR held on average,
 `--match ttft` gives them the history a prefill can process in CSR's TTFT p50 (measured
-prefill rate). Progress goes to stderr, the table to stdout.
+prefill rate); `--match ttft,tokens` runs both side by side. Progress goes to stderr, the
+table to stdout.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     budget.add_argument("--n-catchup", type=int, default=64)
     budget.add_argument("--window-tokens", default=None, help="window: history tokens K")
     budget.add_argument("--bm25-k", default=None, help="bm25: chunks retrieved k")
-    budget.add_argument("--match", choices=MATCHES, default="tokens",
-                        help="budgets not given are matched to CSR's (default tokens)")
+    budget.add_argument("--match", default="tokens",
+                        help="budgets not given are matched to CSR's: tokens (default), ttft, "
+                             "both (ttft,tokens), or none")
     ask = parser.add_argument_group("asking")
     ask.add_argument("--max-new-tokens", type=int, default=16, help="greedy answers")
     ask.add_argument("--choice-score", choices=("mean", "sum"), default="mean",
@@ -83,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--seed", type=int, default=0, help="patrol: generator seed")
     src.add_argument("--questions-out", type=Path, default=None,
                      help="patrol: also write the generated questions as JSONL")
+    src.add_argument("--write-ama", type=Path, default=None,
+                     help="patrol: write each INPUT patrol (one episode each, questions after "
+                          "the last chunk) as AMA-Bench JSONL to this file, and stop")
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, default=None, help="write rows and answers as JSON")
     out.add_argument("--markdown", type=Path, default=None, help="write the table as markdown")
@@ -100,6 +105,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--methods names no method")
     for m in methods:
         MethodSpec(m)                                  # validates the name
+    matches = [m.strip() for m in args.match.split(",") if m.strip()]
+    if not matches or any(m not in MATCHES for m in matches) or \
+            ("none" in matches and len(matches) > 1):
+        raise ConfigError(f"--match takes tokens, ttft, ttft,tokens or none; got {args.match!r}")
+    if args.write_ama is not None:
+        from csr_ros.eval.patrol import write_patrol_ama
+
+        n = write_patrol_ama(args.input, args.write_ama, duration_s=args.duration_s,
+                             n_questions=args.n_questions, seed=args.seed, params=args.params)
+        _say(progress, f"wrote {n} patrol episode(s) in AMA-Bench's format to {args.write_ama}")
+        return 0
     fmt, episodes = load_input(args)
     if args.max_questions is not None:
         for e in episodes:
@@ -127,8 +143,13 @@ def run(args: argparse.Namespace) -> int:
         for name in methods:
             if name == "csr":
                 continue
-            for budget in other_budgets(name, args, csr_rows, resources, episodes, progress):
-                others.append(MethodSpec(name, budget))
+            seen = []
+            for match in matches:
+                for budget, note in other_budgets(name, args, match, csr_rows, resources,
+                                                  episodes, progress):
+                    if budget not in seen:
+                        seen.append(budget)
+                        others.append(MethodSpec(name, budget, note))
         if others:
             r, u = evaluate(episodes, others, resources, **kwargs)
             records += r
@@ -155,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         _say(progress, f"wrote {args.json}")
     if args.plot is not None:
         title = (f"{fmt}: {n_questions} questions, {args.resource} resource, budgets matched "
-                 f"by {args.match}")
+                 f"by {' and '.join(matches)}")
         _say(progress, f"wrote {plot_accuracy_vs_ttft(rows, args.plot, title=title)}")
     return 0
 
@@ -235,35 +256,38 @@ def csr_budget(args, tau_mem: int, max_context: int) -> dict:
     return budget
 
 
-def other_budgets(name: str, args, csr_rows: list[dict], resources, episodes,
-                  progress) -> list[dict]:
-    """The window's and BM25's budgets: as given, else matched to each CSR row."""
+def other_budgets(name: str, args, match: str, csr_rows: list[dict], resources, episodes,
+                  progress) -> list[tuple[dict, str]]:
+    """The window's and BM25's budgets: as given, else matched to each CSR row; with a note
+    saying which CSR row and how."""
     if name == "none":
-        return [{}]
+        return [({}, "")]
     given = args.window_tokens if name == "window" else args.bm25_k
     what = "--window-tokens" if name == "window" else "--bm25-k"
     if given is not None:
         values = _ints(given, default=[], what=what)
-        return [{"window_tokens": v} if name == "window" else {"k": v} for v in values]
-    if args.match == "none" or not csr_rows:
+        return [({"window_tokens": v} if name == "window" else {"k": v}, "given")
+                for v in values]
+    if match == "none" or not csr_rows:
         default = [512] if name == "window" else [8]
-        if args.match != "none":
+        if match != "none":
             _say(progress, f"{name}: no CSR run to match; {what} {default[0]}")
-        return [{"window_tokens": v} if name == "window" else {"k": v} for v in default]
+        return [({"window_tokens": v} if name == "window" else {"k": v}, "default")
+                for v in default]
     chunk_tokens = mean_chunk_tokens(resources, episodes)
     budgets = []
     for row in csr_rows:
         history = row["history_tokens_mean"] or 0.0
-        if args.match == "ttft":
+        if match == "ttft":
             rate = prefill_rate(resources, episodes, progress)
             dynamic = max(0.0, row["prompt_tokens_mean"] - row["history_tokens_mean"])
             history = max(0.0, row["ttft_p50_s"] * rate - dynamic)
         tokens = int(round(history))
         budget = ({"window_tokens": tokens} if name == "window"
                   else {"k": max(1, int(round(tokens / max(chunk_tokens, 1.0))))})
-        _say(progress, f"{name}: {budget} matches {row['label']} by {args.match} "
+        _say(progress, f"{name}: {budget} matches {row['label']} by {match} "
                        f"({tokens} history tokens; chunks {chunk_tokens:.0f} tokens on average)")
-        budgets.append(budget)
+        budgets.append((budget, f"{match} of {row['label']}"))
     return budgets
 
 
