@@ -24,9 +24,10 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 
 from csr_ros.errors import ConfigError
-from csr_ros.render import (EmissionConfig, RenderOptions, TopicPolicy, emission_kind,
-                            normalize_type_name)
-from csr_ros.render.policy import EVENT
+from csr_ros.render import (KIND_DEFAULTS, EmissionConfig, RenderOptions, TopicPolicy,
+                            emission_kind, normalize_type_name)
+from csr_ros.render.emission import UNSET
+from csr_ros.render.policy import EVENT, default_period_s
 
 NODES = ("aggregator", "policy", "reconciler")
 
@@ -83,8 +84,8 @@ SOURCE = [
     _p("topic", "", "topic to subscribe to", required=True),
     _p("type", "", "message type, e.g. sensor_msgs/msg/LaserScan", required=True),
     _p("label", "", "name of the source in the chunk text ('' = the source name)"),
-    _p("period_s", 0.0, "minimum time between two chunks of this source (newest kept)",
-       min_value=0.0),
+    _p("period_s", 0.0, "minimum time between two chunks of this source (newest kept; -1 = "
+       "the type's default, docs/rendering.md)", min_value=-1.0),
     _p("fields", "", "comma-separated dotted fields to keep ('' = type summary / all fields)"),
     _p("summarize", True, "use the built-in summary of the type when there is one"),
     _p("instant", False, "a current value for the dynamic suffix instead of history"),
@@ -272,6 +273,11 @@ def parse_sources(names: Sequence[str], values: Mapping[str, Any], *,
                                          where=f"aggregator: source.{name}")
         except ConfigError as exc:
             raise ConfigError(f"{exc} ({type_name})") from None
+        if v["period_s"] < 0 and v["period_s"] != UNSET:
+            raise ConfigError(f"aggregator: source.{name}.period_s must be >= 0 (or -1 for the "
+                              f"type's default), got {v['period_s']}")
+        if v["period_s"] == UNSET:
+            v["period_s"] = 0.0 if emission.event or v["instant"] else default_period_s(type_name)
         if emission.event and v["period_s"] > 0:
             raise ConfigError(f"aggregator: source.{name}: an event source is never coalesced; "
                               f"set period_s: 0.0 (got {v['period_s']})")
@@ -298,9 +304,9 @@ def auto_source(name: str, topic: str, type_name: str, policy: TopicPolicy, *,
                                           policy.max_chars))
     event = policy.action == EVENT
     kind = emission_kind(type_name, options)
-    deadband = policy.deadband if not event and kind == "generic" else -1.0
-    emission = EmissionConfig(event=event, keepalive_s=policy.keepalive_s,
-                              deadband=deadband).resolved(kind, where=f"source.{name}")
+    overrides = {} if event else {k: v for k, v in policy.emission.items()
+                                  if k in KIND_DEFAULTS[kind]}
+    emission = EmissionConfig(event=event, **overrides).resolved(kind, where=f"source.{name}")
     return SourceConfig(name=name, topic=topic, type_name=type_name,
                         label=topic.strip("/") or name, period_s=0.0 if event else
                         policy.period_s, instant=False, render=options, emission=emission)

@@ -65,7 +65,7 @@ def test_a_bag_with_other_topic_names_keeps_every_event_within_budget(other_bag,
     topics = report["topics"]
     assert set(topics) == set(truth.topics)
     assert topics["/camera/image_raw"]["origin"] == "auto"
-    assert topics["/motor_status"]["policy"].startswith("state, period 10 s")
+    assert topics["/motor_status"]["policy"].startswith("state, period 15 s")
     assert s["camera_image_raw"]["chunks"] <= 2 and s["tf"]["chunks"] <= 3
     assert report["totals"]["tokens_per_s"] <= 20.0
     assert sum(v["tokens"] for v in s.values()) == report["totals"]["tokens"]
@@ -112,7 +112,7 @@ def test_type_defaults_make_events_states_or_leave_out_with_a_reason():
     assert type_policy("acme_msgs/msg/Pulse", "/task_result").action == "event"
     assert type_policy("sensor_msgs/msg/Image", "/cam").action == "state"
     unknown = type_policy("acme_msgs/msg/Wheels", "/wheels")
-    assert (unknown.action, unknown.period_s, unknown.max_chars) == ("state", 10.0, 300)
+    assert (unknown.action, unknown.period_s, unknown.max_chars) == ("state", 15.0, 240)
     assert type_policy("rosgraph_msgs/msg/Clock", "/clock").describe().startswith("left out: ")
     assert type_policy("std_msgs/msg/String", "/robot_description").action == "omit"
     assert type_policy("nav2_msgs/action/NavigateToPose_FeedbackMessage", "/x").action == "omit"
@@ -198,3 +198,31 @@ def test_image_and_point_cloud_summaries_never_carry_their_data():
     assert e.offer("cam", image, S)[0].text == "0s cam: 640x480 bgr8"
     assert e.offer("lidar", cloud, S)[0].text == "0s lidar: 20480 points x,y,z"
     assert e.offer("cam", image, 2 * S) == []                  # same shape: suppressed
+
+
+def test_a_configured_source_with_period_minus_one_takes_its_types_default_period():
+    from csr_ros.errors import ConfigError
+    from csr_ros.ros_params import parse_params_yaml, validate
+
+    def sources(extra):
+        text = ("aggregator:\n  ros__parameters:\n    sources: [imu, speech]\n    source:\n"
+                "      imu: {topic: /imu, type: sensor_msgs/msg/Imu" + extra + "}\n"
+                "      speech: {topic: /speech, type: std_msgs/msg/String, event: true,"
+                " period_s: -1.0}\n")
+        return {s.name: s for s in validate("aggregator",
+                                            parse_params_yaml(text)["aggregator"])["sources"]}
+    assert sources("")["imu"].period_s == 0.0                      # unchanged when left out
+    got = sources(", period_s: -1.0")
+    assert got["imu"].period_s == 5.0 and got["speech"].period_s == 0.0
+    with pytest.raises(ConfigError, match=r"period_s must be >= 0 \(or -1"):
+        sources(", period_s: -0.5")
+
+
+def test_a_path_is_its_length_and_goal_and_changes_when_the_goal_moves():
+    def path(*xy):
+        return {"header": {"frame_id": "map"},
+                "poses": [{"pose": {"position": {"x": x, "y": y, "z": 0.0}}} for x, y in xy]}
+    e = Emitter([EmitterSource("plan", "nav_msgs/msg/Path")])
+    msgs = [path((0, 0), (3, 4)), path((0.5, 0), (3, 4.5)), path((0, 0), (6, 8)), path()]
+    out = [c.text for i, m in enumerate(msgs) for c in e.offer("plan", m, i * S)]
+    assert out == ["0s plan: 2 poses 5m to 3,4", "2s plan: 2 poses 10m to 6,8", "3s plan: empty"]

@@ -67,6 +67,7 @@ KIND_OF_TYPE = {
     "sensor_msgs/msg/PointCloud2": "shape",
     "sensor_msgs/msg/CameraInfo": "shape",
     "nav_msgs/msg/OccupancyGrid": "shape",
+    "nav_msgs/msg/Path": "path",
     "tf2_msgs/msg/TFMessage": "frames",
     "diagnostic_msgs/msg/DiagnosticArray": "diagnostics",
     "rcl_interfaces/msg/Log": "log",
@@ -81,6 +82,7 @@ KIND_DEFAULTS: dict[str, dict[str, float]] = {
     "temperature": {"keepalive_s": 300.0, "deadband": 1.0},
     "twist": {"keepalive_s": 60.0, "deadband": 0.2, "deadband_deg": 20.0},
     "pose": {"keepalive_s": 60.0, "deadband_m": 2.0, "deadband_deg": 45.0},
+    "path": {"keepalive_s": 120.0, "deadband_m": 1.0},
     "shape": {"keepalive_s": 600.0},        # shape/encoding/format: a chunk when they change
     "frames": {"keepalive_s": 600.0},       # a chunk when a new frame pair appears
     "diagnostics": {"keepalive_s": 300.0},  # a chunk when a status leaves or enters OK
@@ -203,6 +205,11 @@ def changed(kind: str, cfg: EmissionConfig, old: Mapping[str, Any],
     if kind == "pose":
         return (math.dist((old["x_m"], old["y_m"]), (new["x_m"], new["y_m"])) > cfg.deadband_m
                 or _angle_diff_deg(old["yaw_deg"], new["yaw_deg"]) > cfg.deadband_deg)
+    if kind == "path":
+        if (old.get("poses", 0) > 0) != (new.get("poses", 0) > 0):
+            return True
+        return new.get("poses", 0) > 0 and math.dist((old["x_m"], old["y_m"]),
+                                                     (new["x_m"], new["y_m"])) > cfg.deadband_m
     if kind == "frames":
         return not set(new.get("pairs") or ()) <= set(old.get("pairs") or ())
     if kind in ("shape", "diagnostics", "log"):

@@ -20,7 +20,7 @@ The rule, in order:
 3. a state with the type's summary and change filter, its minimum period from `STATE_PERIOD_S`;
 4. any other type: the generic summary, shorter (`UNKNOWN_MAX_CHARS`), at most one chunk per
    `UNKNOWN_PERIOD_S` and a wider deadband (`UNKNOWN_DEADBAND`), so no unknown type can take
-   the token budget by itself (at most about 300 characters every 10 s).
+   the token budget by itself (at most 240 characters every 15 s).
 
 Pure: no rclpy, no I/O.
 """
@@ -28,7 +28,7 @@ Pure: no rclpy, no I/O.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 EVENT = "event"
 STATE = "state"
@@ -36,9 +36,9 @@ OMIT = "omit"
 
 EVENT_MAX_HZ = 1.0            # an "event" topic faster than this on average is a stream
 EVENT_MIN_COUNT = 30          # ... once it has at least this many messages
-STREAM_PERIOD_S = 1.0         # minimum period of such a stream
-UNKNOWN_PERIOD_S = 10.0       # minimum period of an unknown (custom) state type
-UNKNOWN_MAX_CHARS = 300       # and its longest chunk
+STREAM_PERIOD_S = 5.0         # minimum period of such a stream (detections that flicker)
+UNKNOWN_PERIOD_S = 15.0       # minimum period of an unknown (custom) state type
+UNKNOWN_MAX_CHARS = 240       # and its longest chunk
 UNKNOWN_DEADBAND = 1.0        # and the change of a numeric field that counts (relative beyond 1)
 UNKNOWN_KEEPALIVE_S = 120.0
 AUTO_MAX_CHARS = 600          # longest chunk of any other topic added by default
@@ -56,17 +56,18 @@ STATE_PERIOD_S = {                    # minimum period of each known state type
     "nav_msgs/msg/Odometry": 0.5,
     "sensor_msgs/msg/LaserScan": 0.5,
     "sensor_msgs/msg/BatteryState": 0.0,
-    "sensor_msgs/msg/Imu": 1.0,
-    "sensor_msgs/msg/JointState": 1.0,
-    "sensor_msgs/msg/NavSatFix": 1.0,
-    "sensor_msgs/msg/Range": 0.5,
-    "sensor_msgs/msg/Temperature": 1.0,
-    "geometry_msgs/msg/Twist": 0.5,
-    "geometry_msgs/msg/TwistStamped": 0.5,
-    "geometry_msgs/msg/TwistWithCovarianceStamped": 0.5,
-    "geometry_msgs/msg/PoseStamped": 0.5,
-    "geometry_msgs/msg/PoseWithCovarianceStamped": 0.5,
-    "geometry_msgs/msg/Pose": 0.5,
+    "sensor_msgs/msg/Imu": 5.0,           # attitude and rates move with every turn and bump
+    "sensor_msgs/msg/JointState": 10.0,   # wheel joints turn for ever
+    "sensor_msgs/msg/NavSatFix": 2.0,
+    "sensor_msgs/msg/Range": 1.0,
+    "sensor_msgs/msg/Temperature": 5.0,
+    "geometry_msgs/msg/Twist": 1.0,
+    "geometry_msgs/msg/TwistStamped": 1.0,
+    "geometry_msgs/msg/TwistWithCovarianceStamped": 1.0,
+    "geometry_msgs/msg/PoseStamped": 1.0,
+    "geometry_msgs/msg/PoseWithCovarianceStamped": 1.0,
+    "geometry_msgs/msg/Pose": 1.0,
+    "nav_msgs/msg/Path": 2.0,
     "sensor_msgs/msg/Image": 1.0,
     "sensor_msgs/msg/CompressedImage": 1.0,
     "sensor_msgs/msg/PointCloud2": 1.0,
@@ -85,6 +86,11 @@ STATE_NOTES = {
     "tf2_msgs/msg/TFMessage": "frame pairs, a chunk when one is new",
     "diagnostic_msgs/msg/DiagnosticArray": "statuses that are not OK",
     "rcl_interfaces/msg/Log": "warnings and errors, repeats suppressed",
+    "nav_msgs/msg/Path": "length and goal, a chunk when the goal moves",
+    "sensor_msgs/msg/JointState": "positions, half a radian (relative beyond 1)",
+}
+STATE_EMISSION = {                    # emission parameters of a topic added by default
+    "sensor_msgs/msg/JointState": {"deadband": 0.5},
 }
 
 OMIT_TYPES = {
@@ -97,6 +103,8 @@ OMIT_TYPES = {
     "nav2_msgs/msg/Costmap": "costmap cells",
     "nav2_msgs/msg/VoxelGrid": "costmap cells",
     "bond/msg/Status": "node heartbeats",
+    "nav2_msgs/msg/ParticleCloud": "localisation particles (the pose is on odometry/amcl_pose)",
+    "geometry_msgs/msg/PoseArray": "pose sets (particle clouds)",
 }
 OMIT_TOPICS = {
     "/robot_description": "the robot model (URDF)",
@@ -109,8 +117,7 @@ class TopicPolicy:
     period_s: float = 0.0              # minimum period of a state
     max_chars: int = AUTO_MAX_CHARS
     reason: str = ""                   # why: shown per topic by `replay --stats` and --json
-    deadband: float = -1.0             # -1: the kind's defaults (emission.KIND_DEFAULTS)
-    keepalive_s: float = -1.0
+    emission: dict = field(default_factory=dict)  # over the kind's defaults (KIND_DEFAULTS)
 
     def describe(self) -> str:
         if self.action == OMIT:
@@ -141,13 +148,21 @@ def type_policy(type_name: str, topic: str = "") -> TopicPolicy:
         return TopicPolicy(EVENT, reason=EVENT_TYPES[type_name])
     if type_name in STATE_PERIOD_S:
         return TopicPolicy(STATE, period_s=STATE_PERIOD_S[type_name],
-                           reason=STATE_NOTES.get(type_name, "change-driven"))
+                           reason=STATE_NOTES.get(type_name, "change-driven"),
+                           emission=dict(STATE_EMISSION.get(type_name, {})))
     words = EVENT_WORDS.search(type_name.rsplit("/", 1)[-1]) or EVENT_WORDS.search(topic)
     if words:
         return TopicPolicy(EVENT, reason=f"{words.group(0).lower()} in the name")
     return TopicPolicy(STATE, period_s=UNKNOWN_PERIOD_S, max_chars=UNKNOWN_MAX_CHARS,
-                       deadband=UNKNOWN_DEADBAND, keepalive_s=UNKNOWN_KEEPALIVE_S,
+                       emission={"deadband": UNKNOWN_DEADBAND,
+                                 "keepalive_s": UNKNOWN_KEEPALIVE_S},
                        reason="no summary for this type: generic, bounded")
+
+
+def default_period_s(type_name: str) -> float:
+    """The minimum period a state of this type takes by default (`period_s: -1.0`)."""
+    policy = type_policy(type_name)
+    return policy.period_s if policy.action == STATE else 0.0
 
 
 def topic_policy(type_name: str, topic: str = "", *, rate_hz: float | None = None,
@@ -163,4 +178,5 @@ def topic_policy(type_name: str, topic: str = "", *, rate_hz: float | None = Non
 
 
 __all__ = ["AUTO_MAX_CHARS", "EVENT", "EVENT_MAX_HZ", "OMIT", "STATE", "TopicPolicy",
+           "default_period_s",
            "UNKNOWN_MAX_CHARS", "UNKNOWN_PERIOD_S", "topic_policy", "type_policy"]

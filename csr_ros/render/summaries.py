@@ -19,6 +19,7 @@ covers every other type, including custom types that exist only in a bag.
     Temperature       23.5°C
     Twist(Stamped)    moving 0.3m/s 10°/s
     PoseStamped       at 2.3,-1.2 heading 90    (and PoseWithCovarianceStamped)
+    Path              12 poses 5.2m to 3.4,1.2
     TFMessage         map>odom, odom>base_link  (the frame pairs; a chunk when one is new)
     DiagnosticArray   warn motor: hot           (only statuses that are not OK)
     Log               warn nav2: no progress    (warn and above; lower levels are quiet)
@@ -401,6 +402,22 @@ def summarize_pose(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
     return Summary(text + _frame_note(p, ctx), {"x_m": x, "y_m": y, "yaw_deg": yaw})
 
 
+def summarize_path(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """A planned path by its length and goal: ``12 poses 5.2m to 3.4,1.2`` (or ``empty``)."""
+    points = []
+    for stamped in p.get("poses") or []:
+        pos = ((stamped.get("pose") or {}).get("position") or {}) if isinstance(
+            stamped, Mapping) else {}
+        points.append((_num(pos.get("x"), 0.0), _num(pos.get("y"), 0.0)))
+    if not points:
+        return Summary("empty" + _frame_note(p, ctx), {"poses": 0})
+    length = sum(math.dist(a, b) for a, b in zip(points, points[1:]))
+    gx, gy = points[-1]
+    return Summary(f"{len(points)} poses {fmt_float(length, 1)}m to {fmt_float(gx, 1)},"
+                   f"{fmt_float(gy, 1)}" + _frame_note(p, ctx),
+                   {"poses": len(points), "x_m": gx, "y_m": gy})
+
+
 MAX_FRAME_PAIRS = 8
 
 
@@ -476,6 +493,7 @@ SUMMARIZERS: dict[str, Summarizer] = {
     "geometry_msgs/msg/PoseStamped": summarize_pose,
     "geometry_msgs/msg/PoseWithCovarianceStamped": summarize_pose,
     "geometry_msgs/msg/Pose": summarize_pose,
+    "nav_msgs/msg/Path": summarize_path,
     "tf2_msgs/msg/TFMessage": summarize_tf_message,
     "diagnostic_msgs/msg/DiagnosticArray": summarize_diagnostic_array,
     "rcl_interfaces/msg/Log": summarize_log,
