@@ -21,6 +21,10 @@ needed, in mcap or sqlite3 storage):
     /navigate_to_pose/_action/status     action_msgs/msg/GoalStatusArray  on every goal change
     /action_result                       std_msgs/msg/String              "name(target): result"
 
+`topic_names` writes them under other names, `action_results="custom"` as a custom type, and
+`extras` adds a camera (Image), /tf at 50 Hz, /tf_static, /cmd_vel, a custom motor status,
+/rosout and /diagnostics, as another robot's recording would hold them.
+
 The custom detection type is defined here as .msg text and registered with rosbags' typestore
 when writing; a reader learns it from the bag. The same seed and duration give byte-identical
 message data.

@@ -12,6 +12,13 @@ aggregator would have published live. `--stats` counts, per source, the messages
 tokens (of the policy model's tokenizer, SmolLM2 by default), tokens per second of robot time
 and the messages coalesced or suppressed, and how many minutes of the bag the reconciler's
 `tau_mem_tokens` holds. A chunk log written here can seed a reconciler (its `chunk_log`).
+
+Bag topics the params file does not name are not dropped: a configured source whose topic is
+absent takes the one bag topic of its type no source names (only when there is exactly one),
+and every other topic gets its type's defaults (`csr_ros.render.policy`: an event, a
+change-filtered state, or left out with the reason); `--stats`/`--json` list which, and every
+event source's chunks against the bag's messages. `--only-configured` renders the params file's
+topics alone.
 """
 
 from __future__ import annotations
