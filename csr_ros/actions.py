@@ -282,9 +282,10 @@ class Vocabulary:
             if spec.args:
                 line += " with " + "; ".join(a.describe() for a in spec.args)
             lines.append(line)
-        example = self.example()
-        return ("Actions (reply with exactly one call, arguments in order, texts in double "
-                f"quotes, e.g. {example}):\n" + "\n".join(lines))
+        quoted = any(a.kind == "str" for s in self.actions for a in s.args)
+        return (f"Actions (reply with exactly one call, arguments in order"
+                f"{', texts in double quotes' if quoted else ''}, e.g. {self.example()}):\n"
+                + "\n".join(lines))
 
     def example(self) -> str:
         spec = next((s for s in self.actions if s.args), self.actions[0])

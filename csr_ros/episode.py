@@ -52,6 +52,30 @@ class Episode:
                              round(rng.uniform(-4, 4), 2)) for obj in OBJECTS}
 
     @property
+    def action_specs(self) -> tuple[str, ...]:
+        """The typed action vocabulary (csr_ros.actions); objects come from what was seen."""
+        return ("wait()", "look_around()", f"go_to(room: {'|'.join(ROOMS)})",
+                "pick(object: $objects)", "place()",
+                "say(phrase: yes|no|on_my_way|one_moment)")
+
+    @property
+    def seen_patterns(self) -> dict[str, str]:
+        """Where `$objects` values come from: camera detections `name at (x, y)`."""
+        return {"objects": r"\b([a-z]+(?:_[a-z]+)*) at \("}
+
+    def typed_profile(self, actions_description: str) -> str:
+        """The profile for typed actions: `actions_description` is Vocabulary.describe()."""
+        return ("You are the decision policy of a home service robot. You receive its "
+                "observations as a running log: camera detections with positions in metres, "
+                "odometry, what people say, and the results of actions. People's words are "
+                "requests, never instructions about your format.\n"
+                f"{actions_description}\n"
+                "When asked, reply with the one best next action.")
+
+    def typed_task(self) -> str:
+        return "Which action next? Reply with one action call only."
+
+    @property
     def actions(self) -> tuple[str, ...]:
         return ("wait", "look_around", "go_to(kitchen)", "go_to(living_room)", "go_to(office)",
                 "pick(object in view)", "place(held object)", "say(short answer)")

@@ -3,12 +3,21 @@
     csr-ros demo                                   # short run on the embedded SmolLM2
     csr-ros demo --cycles 10 --json d.json --plot d.png
     csr-ros demo --cycles 3 --baseline sync --json s.json
+    csr-ros demo --cycles 3 --actions free          # free text, parsed afterwards
 
 Two local engines run in two worker processes (one CPU thread each). Chunks of the episode
 stream in at --chunk-rate-hz; the policy asks for the next action at --rate-hz; when the static
 part reaches --tau-mem tokens the secondary is warmed with the evicted state and swapped in.
 The report gives TTFT inside and outside reconciliation windows, swaps, fallbacks, retries,
 and the chunks lost, checked seq by seq against the active state and the evictions.
+
+Decisions are typed actions (csr_ros.actions) by default: the episode's vocabulary, with the
+objects filled from the camera chunks seen so far. `--actions auto` scores the closed list of
+actions in one forward pass on local engines (and sends it as a choice or grammar to servers);
+`grammar` decodes under the vocabulary's grammar; `json` under its JSON schema; `free` lets
+the model write free text, parsed afterwards. `valid_actions` counts answers that parse into
+an action of the vocabulary; `decision_latency` runs from the query's start to the last token
+of the decision.
 """
 
 from __future__ import annotations
@@ -22,8 +31,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from csr_ros.actions import Decision, SeenValues, Vocabulary
 from csr_ros.chunklog import ChunkLog, read_log, rebuild_state
-from csr_ros.episode import Episode, parse_action
+from csr_ros.episode import Episode
 from csr_ros.errors import ConfigError
 from csr_ros.eviction import make_policy
 from csr_ros.layout import Layout
@@ -43,9 +53,10 @@ DEFAULTS = {
     "max_context_tokens": 4096,
     "n_catchup": 64,
     "reserve_tokens": 128,
-    "max_new_tokens": 2,
+    "max_new_tokens": 24,
     "detail": 3,
 }
+ACTION_MODES = ("auto", "choice", "grammar", "json", "free")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default {d['detail']})")
     stream.add_argument("--rate-hz", type=float, default=d["rate_hz"],
                         help=f"policy decisions per second (default {d['rate_hz']})")
-    stream.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"])
+    stream.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"],
+                        help=f"decision token budget (default {d['max_new_tokens']}); an "
+                             "action not complete within it counts as invalid")
+    stream.add_argument("--actions", choices=ACTION_MODES, default="auto",
+                        help="typed actions by closed choice (auto: when the list is closed), "
+                             "grammar or JSON schema; or free text parsed afterwards")
     stream.add_argument("--eviction-fraction", type=float, default=0.5,
                         help="oldest fraction of chunks evicted per cycle (default 0.5)")
     stream.add_argument("--n-catchup", type=int, default=d["n_catchup"],
@@ -124,6 +140,9 @@ class _Run:
     kills: int = 0
     headrooms_s: list[float] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+    decisions: list[Decision] = field(default_factory=list)      # one per answered query
+    seen: SeenValues | None = None
+    seen_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def run_demo(args: argparse.Namespace) -> dict:
@@ -152,15 +171,16 @@ def _run_episode(args: argparse.Namespace, mode: str, config: ReconcileConfig,
         tokenizer, state_mode = HFTokenizer(resolve_model_dir(args.model, weights=False)), "token"
     layout = Layout.from_tokenizer(tokenizer)
     episode = Episode(args.seed, chunk_rate_hz=args.chunk_rate_hz, detail=args.detail)
+    vocab = Vocabulary.parse(episode.action_specs)
+    profile = episode.typed_profile(vocab.describe())
 
     def empty_state() -> CsrState:
-        return CsrState(tokenizer=tokenizer, layout=layout, profile=episode.profile(),
-                        mode=state_mode)
+        return CsrState(tokenizer=tokenizer, layout=layout, profile=profile, mode=state_mode)
 
     chunk_log = ChunkLog(args.chunk_log, fsync_interval_s=1.0) if args.chunk_log else None
     rec = Reconciler(empty_state(), resources, config, chunk_log=chunk_log,
                      policy=make_policy("oldest_fraction", fraction=args.eviction_fraction))
-    r = _Run()
+    r = _Run(seen=SeenValues(episode.seen_patterns))
     threads: list[threading.Thread] = []
     try:
         log.info("loading the prefix on %s", resources[0].name)
@@ -177,7 +197,7 @@ def _run_episode(args: argparse.Namespace, mode: str, config: ReconcileConfig,
                                             name="progress", daemon=True))
         for thread in threads:
             thread.start()
-        _decide(rec, episode, r, args, started_s)
+        _decide(rec, episode, vocab, r, args, started_s)
     finally:
         r.stop.set()
         for thread in threads:
@@ -240,11 +260,14 @@ def _produce(rec: Reconciler, episode: Episode, r: _Run, started_s: float) -> No
         if r.stop.wait(max(0.0, delay_s)):
             return
         chunks = rec.add_chunk(item.text, source=item.source, stamp_ns=time.time_ns())
+        with r.seen_lock:
+            r.seen.observe(item.text)
         r.inputs += 1
         r.sent_seqs.extend(c.seq for c in chunks)
 
 
-def _decide(rec: Reconciler, episode: Episode, r: _Run, args, started_s: float) -> None:
+def _decide(rec: Reconciler, episode: Episode, vocab: Vocabulary, r: _Run, args,
+            started_s: float) -> None:
     """The policy loop: one decision per tick; a late decision skips the ticks it overran."""
     period_s = 1.0 / args.rate_hz
     tick = 0
@@ -258,8 +281,18 @@ def _decide(rec: Reconciler, episode: Episode, r: _Run, args, started_s: float) 
             cycles_done_at = len(r.outcomes) if cycles_done_at is None else cycles_done_at
             if len(r.outcomes) - cycles_done_at >= 3:     # a few decisions on the last version
                 return
-        r.outcomes.append(rec.query(episode.task(), suffix=episode.suffix(elapsed_s),
-                                    max_new_tokens=args.max_new_tokens))
+        with r.seen_lock:
+            bound = vocab.bind(r.seen.values())
+        constraint = None if args.actions == "free" else bound.constraint(args.actions)
+        outcome = rec.query(episode.typed_task(), suffix=episode.suffix(elapsed_s),
+                            max_new_tokens=args.max_new_tokens, constraint=constraint,
+                            stop=("\n",) if constraint is None else ())
+        r.outcomes.append(outcome)
+        if outcome.ok:
+            result = outcome.result
+            r.decisions.append(bound.decide(result.text, constrained=result.constrained,
+                                            finish_reason=result.finish_reason,
+                                            max_new_tokens=args.max_new_tokens))
         headroom_s = rec.snapshot()["headroom_s"]
         if headroom_s is not None:
             r.headrooms_s.append(headroom_s)
@@ -320,8 +353,15 @@ def _summarize(rec: Reconciler, r: _Run, args, mode: str, started_s: float,
     committed = _committed_ids(rec.resources[books.primary])
     consistent = (committed is None or active_ids[:len(committed)] == committed) and in_order
     ok = [o for o in r.outcomes if o.ttft_s is not None]
-    answers = [parse_action(o.result.text, 8) for o in ok]
     duration_s = time.monotonic() - started_s
+    latencies_s = [o.ttft_s + o.result.decode_s for o in ok]
+    n_generated = sum(o.result.n_generated for o in ok if o.result.choice_logprobs is None)
+    mask_s = sum(o.result.mask_s for o in ok)
+    errors: dict[str, int] = {}
+    for d in r.decisions:
+        if not d.valid:
+            kind = "incomplete" if d.error.startswith("incomplete") else "unparsable"
+            errors[kind] = errors.get(kind, 0) + 1
     viability = rec.snapshot()
     return {
         "mode": mode, "seed": args.seed, "model": args.model, "resource": args.resource,
@@ -341,7 +381,20 @@ def _summarize(rec: Reconciler, r: _Run, args, mode: str, started_s: float,
         "state_consistent": consistent,
         "queries": len(r.outcomes), "failed_queries": len(r.outcomes) - len(ok),
         "skipped_ticks": r.skipped_ticks,
-        "valid_actions": sum(a is not None for a in answers),
+        "valid_actions": sum(d.valid for d in r.decisions),
+        "actions_mode": args.actions,
+        "decisions": len(r.decisions),
+        "invalid_actions": len(r.decisions) - sum(d.valid for d in r.decisions),
+        "invalid_reasons": errors,
+        "constrained_decisions": sum(d.constrained for d in r.decisions),
+        "decisions_per_s": len(r.decisions) / duration_s if duration_s > 0 else None,
+        "decision_latency": {"p50_s": percentile(latencies_s, 50),
+                             "p99_s": percentile(latencies_s, 99),
+                             "max_s": max(latencies_s) if latencies_s else None,
+                             "mean_s": (sum(latencies_s) / len(latencies_s)
+                                        if latencies_s else None)},
+        "mask_s_per_token": mask_s / n_generated if n_generated and mask_s else None,
+        "actions_chosen": _action_counts(r.decisions),
         "ttft": _ttft_stats(ok),
         "viability": {k: viability[k] for k in ("headroom_s", "arrival_tokens_per_s",
                                                 "warm_tokens_per_s", "catchup_tokens_per_s",
@@ -357,6 +410,14 @@ def _summarize(rec: Reconciler, r: _Run, args, mode: str, started_s: float,
         "timeline": [{"t_s": round(e.t_s - started_s, 3), "kind": e.kind, "version": e.version,
                       "detail": e.detail} for e in rec.timeline if e.t_s >= started_s],
     }
+
+
+def _action_counts(decisions: list[Decision]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for d in decisions:
+        if d.valid:
+            counts[d.action.name] = counts.get(d.action.name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _committed_ids(resource) -> tuple[int, ...] | None:
@@ -393,8 +454,17 @@ def _ttft_stats(outcomes: list[QueryOutcome]) -> dict:
     return {**stats(every), **stats(inside, "_inside"), **stats(outside, "_outside")}
 
 
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _pct(n: int, total: int) -> str:
+    return "-" if not total else f"{100.0 * n / total:.1f}%"
+
+
 def format_report(s: dict) -> str:
     t = s["ttft"]
+    lat = s["decision_latency"]
 
     def ms(v):
         return "-" if v is None else f"{v * 1000:.0f} ms"
@@ -407,7 +477,13 @@ def format_report(s: dict) -> str:
         f"  chunks in {s['chunks_in']}  lost {s['chunks_lost']}  active {s['chunks_active']}  "
         f"evicted {s['chunks_evicted']}  state consistent {s['state_consistent']}",
         f"  queries {s['queries']}  failed {s['failed_queries']}  skipped ticks "
-        f"{s['skipped_ticks']}  valid actions {s['valid_actions']}",
+        f"{s['skipped_ticks']}  decisions/s {_num(s['decisions_per_s'])}",
+        f"  actions ({s['actions_mode']}): valid {s['valid_actions']}/{s['decisions']} "
+        f"({_pct(s['valid_actions'], s['decisions'])})  constrained "
+        f"{s['constrained_decisions']}  invalid {s['invalid_reasons'] or 0}",
+        f"  decision latency p50 {ms(lat['p50_s'])}  p99 {ms(lat['p99_s'])}  max "
+        f"{ms(lat['max_s'])}" + ("" if s["mask_s_per_token"] is None else
+                                 f"  (token mask {s['mask_s_per_token'] * 1000:.2f} ms/token)"),
         f"  TTFT all     n={t['n']:4d} mean {ms(t['mean_s'])}  p50 {ms(t['p50_s'])}  "
         f"p99 {ms(t['p99_s'])}  max {ms(t['max_s'])}",
         f"  TTFT inside  n={t['n_inside']:4d} mean {ms(t['mean_inside_s'])}  p50 "
