@@ -4,7 +4,7 @@
                               "pick(object: $objects)", "say(text: str)"])
     bound = vocab.bind({"objects": seen.values("objects")})   # fill `$name` enumerations
     constraint = bound.constraint()      # what a backend needs to decode only valid actions
-    action = bound.parse_decision('go_to(kitchen)')   # Action(name='go_to', args=(('room', 'kitchen'),))
+    action = bound.parse_decision("go_to(kitchen)")   # name 'go_to', args (('room', 'kitchen'),)
 
 A decision is written as a call: `name(value, value, ...)`, values in declaration order.
 Enumeration values that are plain words (`[A-Za-z0-9_.-]+`) are written bare, others quoted;
@@ -179,7 +179,7 @@ class Vocabulary:
     @classmethod
     def parse(cls, specs: str | Iterable[str], *,
               max_str_chars: int = DEFAULT_MAX_STR_CHARS) -> "Vocabulary":
-        """From spec strings like `go_to(room: kitchen|hallway)` (one per item, or `;`-separated)."""
+        """From spec strings like `go_to(room: kitchen|hallway)` (a list, or `;`-separated)."""
         if isinstance(specs, str):
             specs = [s for s in specs.split(";")]
         items = [s.strip() for s in specs if s and s.strip()]
@@ -414,10 +414,7 @@ class Vocabulary:
                 if not isinstance(value, str):
                     raise ActionParseError(f"{where} must be a string, got {value!r}")
                 value = self._value(arg, json.dumps(value, ensure_ascii=False), spec)
-            elif arg.kind == "bool" and not isinstance(value, bool) or \
-                    arg.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)) or \
-                    arg.kind == "float" and (isinstance(value, bool)
-                                             or not isinstance(value, (int, float))):
+            elif not _json_type_fits(arg.kind, value):
                 raise ActionParseError(f"{where} must be {arg.kind}, got {value!r}")
             args.append((arg.name, float(value) if arg.kind == "float" else value))
         return Action(name=spec.name, args=tuple(args), text=text)
@@ -582,6 +579,14 @@ def _arg_schema(arg: Arg, max_str_chars: int) -> dict:
     if arg.kind == "str":
         return {"type": "string", "minLength": 1, "maxLength": max_str_chars}
     return {"type": {"int": "integer", "float": "number", "bool": "boolean"}[arg.kind]}
+
+
+def _json_type_fits(kind: str, value: object) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _split_args(body: str) -> list[str]:

@@ -757,6 +757,17 @@ def swap_report(snapshot: Mapping, *, reason: str, committed_tokens: int | None,
 
 # -- the state every node builds from the same parameters ---------------------------------------
 
+def vocabulary_from_params(params: Mapping):
+    """The action vocabulary of the `actions.*` parameters, or None (free text only)."""
+    from csr_ros.actions import Vocabulary
+
+    specs, schema = params.get("actions.vocabulary", []), params.get("actions.schema", "")
+    if not specs and not schema:
+        return None
+    return Vocabulary.from_params(specs, schema, max_str_chars=params.get("actions.max_str_chars",
+                                                                           32))
+
+
 def state_from_params(params: Mapping, tokenizer) -> CsrState:
     """The empty CsrState of the `model`/`mode`/`profile` parameters (policy and reconciler
     must build the same one, or their tokens differ)."""
@@ -772,6 +783,9 @@ def state_from_params(params: Mapping, tokenizer) -> CsrState:
             profile = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"profile_file {path}: {exc.strerror}") from None
+    vocab = vocabulary_from_params(params)
+    if vocab is not None and params.get("actions.in_profile", True):
+        profile = profile.rstrip() + "\n" + vocab.describe()
     layout = Layout.from_tokenizer(tokenizer, use_chat_template=params["use_chat_template"])
     # truncate, never split: one StateChunk is one Chunk with the same seq on every node
     policy = ChunkPolicy(max_chunk_tokens=params["max_chunk_tokens"], oversize="truncate")

@@ -52,6 +52,10 @@ def _p(name, default, description, **kw) -> ParamSpec:
     return ParamSpec(name, default, description, **kw)
 
 
+DEFAULT_ACTIONS = ("wait()", "stop()", "look_around()",
+                   "move(direction: forward|backward|left|right)", "turn(direction: left|right)",
+                   "say(text: str)")
+
 TOPICS = [
     _p("topics.chunks", "csr/chunks", "StateChunk stream (history, gap-free seq)"),
     _p("topics.instant", "csr/instant", "StateChunk stream of 'instant' values (dynamic suffix)"),
@@ -117,6 +121,14 @@ STATE = [
     _p("max_chunk_tokens", 1024, "longest chunk in tokens (longer ones are truncated)",
        min_value=8),
     _p("context_tokens", 8192, "context maximum of each resource", min_value=256),
+    # The action vocabulary is part of the fixed profile, so policy and reconciler read it.
+    _p("actions.vocabulary", list(DEFAULT_ACTIONS), "typed actions, `name(arg: type, ...)` with "
+       "type str|int|float|bool|a|b|c|$seen_name ([] and no schema: free text only)",
+       element=str),
+    _p("actions.schema", "", "the vocabulary as a JSON schema instead (anyOf of "
+       "{name: const, args: {...}} objects; '' = use actions.vocabulary)"),
+    _p("actions.in_profile", True, "append the action list and its syntax to the profile"),
+    _p("actions.max_str_chars", 32, "longest text argument of an action", min_value=1),
 ]
 
 RESOURCE = [
@@ -135,7 +147,15 @@ POLICY = TOPICS + STATE + RESOURCE + [
        "instruction of each periodic query"),
     _p("rate_hz", 2.0, "decision rate (a query never starts while one is running)",
        positive=True),
-    _p("max_new_tokens", 48, "tokens generated per decision", min_value=1),
+    _p("max_new_tokens", 48, "tokens generated per decision (an action not complete within "
+       "them is published as not valid)", min_value=1),
+    _p("topics.actions", "csr/actions", "Action stream: the typed action of each valid "
+       "decision"),
+    _p("actions.mode", "auto", "auto: score a closed action list in one pass, else decode "
+       "with the grammar; choice | grammar | json; free: unconstrained text, parsed after",
+       choices=("auto", "choice", "grammar", "json", "free")),
+    _p("actions.seen", [], "enumerations filled from the chunks seen, `name=regex` (group 1 is "
+       "a value), used as `$name` in actions.vocabulary", element=str),
     _p("stale_instant_s", 10.0, "instant values older than this are left out of the suffix",
        positive=True),
     _p("fetch_timeout_s", 5.0, "wait for a GetChunks answer before giving up on a gap",
@@ -212,10 +232,36 @@ def validate(node: str, values: Mapping[str, Any], *,
     if node == "aggregator":
         out["sources"] = parse_sources(out["sources"], values, resolve_type=resolve_type,
                                        render_defaults=out)
+    if node in ("policy", "reconciler"):
+        _check_actions(node, out)
     if node in ("policy", "reconciler") and out["resource.kind"] == "openai" \
             and not (out["resource.r1_url"] and out["resource.r2_url"]):
         raise ConfigError(f"{node}: resource.r1_url and resource.r2_url must name the servers")
     return out
+
+
+def _check_actions(node: str, values: Mapping[str, Any]) -> None:
+    """The action vocabulary and the seen-value patterns parse (ActionSpecError names why)."""
+    from csr_ros.actions import SeenValues, Vocabulary
+    from csr_ros.errors import ActionSpecError
+
+    specs, schema = values["actions.vocabulary"], values["actions.schema"]
+    try:
+        vocab = None
+        if specs or schema:
+            vocab = Vocabulary.from_params(specs, schema,
+                                           max_str_chars=values["actions.max_str_chars"])
+        if node == "policy":
+            seen = SeenValues.from_params(values["actions.seen"])
+            missing = sorted(set(vocab.sources if vocab else ()) - set(seen.values()))
+            if missing:
+                raise ActionSpecError(f"actions.vocabulary uses ${missing[0]}, which "
+                                      f"actions.seen does not define (add '{missing[0]}=REGEX')")
+            if vocab is None and values["actions.mode"] != "free":
+                raise ActionSpecError("actions.mode needs actions.vocabulary or actions.schema "
+                                      "(or set actions.mode: free)")
+    except ActionSpecError as exc:
+        raise ActionSpecError(f"{node}: {exc}") from None
 
 
 def parse_sources(names: Sequence[str], values: Mapping[str, Any], *,

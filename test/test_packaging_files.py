@@ -126,7 +126,8 @@ def test_nodes_only_set_fields_that_the_interfaces_have(interfaces):
     """Every keyword the node code passes to a message constructor is a field of it."""
     constructors = {"StateChunk": "csr_ros/msg/StateChunk", "SwapEvent": "csr_ros/msg/SwapEvent",
                     "SwapEventMsg": "csr_ros/msg/SwapEvent",
-                    "PolicyDecision": "csr_ros/msg/PolicyDecision"}
+                    "PolicyDecision": "csr_ros/msg/PolicyDecision",
+                    "Action": "csr_ros/msg/Action"}
     checked = 0
     for path in sorted((ROOT / "csr_ros" / "nodes").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -4,7 +4,8 @@
     csr/instant ───────────▶ latest value per source → dynamic suffix
     timer at rate_hz ──────▶ QueryScheduler: a query starts only if none is running
                              (skipped ticks are counted) → query worker thread
-    query worker ──────────▶ the primary (its URL from the latest SwapEvent) → csr/decisions
+    query worker ──────────▶ the primary (its URL from the latest SwapEvent) → csr/decisions,
+                             and the typed action of each valid decision → csr/actions
     csr/query (service) ───▶ the same, on demand, after the running query
     /diagnostics ◀───────── TTFT, cache hits, version, skipped ticks, lost chunks (1 Hz)
 
@@ -18,6 +19,7 @@ routes it.
 from __future__ import annotations
 
 import functools
+import json
 import queue
 import threading
 import time
@@ -28,8 +30,9 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 from rclpy.node import Node
 
 from csr_ros import ros_params
-from csr_ros.errors import ConfigError, CsrError
-from csr_ros.msg import PolicyDecision, StateChunk
+from csr_ros.actions import SeenValues
+from csr_ros.errors import ActionSpecError, ConfigError, CsrError
+from csr_ros.msg import Action, PolicyDecision, StateChunk
 from csr_ros.msg import SwapEvent as SwapEventMsg
 from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
                                   CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS,
@@ -37,7 +40,7 @@ from csr_ros.nodes.common import (route_library_logging, unroute_library_logging
                                   time_msg, with_undeclared)
 from csr_ros.policy_core import (ERROR, OK, WARN, FetchRequest, InstantValue, QueryScheduler,
                                  QueryStats, StateFold, SwapEvent, build_suffix, diagnose,
-                                 state_from_params)
+                                 state_from_params, vocabulary_from_params)
 from csr_ros.srv import GetChunks, Query
 
 _LEVELS = {OK: DiagnosticStatus.OK, WARN: DiagnosticStatus.WARN, ERROR: DiagnosticStatus.ERROR}
@@ -68,6 +71,9 @@ class PolicyNode(Node):
             self.fold = StateFold(state_from_params(p, self.tokenizer))
         self.fetch_id = 0
         self.fetch_started_s = 0.0
+        self.vocab = vocabulary_from_params(p)          # None: free text only
+        self.seen = SeenValues.from_params(p["actions.seen"])
+        self.seen_upto_seq = -1
 
         # Events are folded one at a time; services and client answers may run alongside.
         self.events_group = MutuallyExclusiveCallbackGroup()
@@ -90,6 +96,7 @@ class PolicyNode(Node):
             callback_group=self.events_group)
         self.decision_pub = self.create_publisher(PolicyDecision, p["topics.decisions"],
                                                   DECISIONS_QOS)
+        self.action_pub = self.create_publisher(Action, p["topics.actions"], DECISIONS_QOS)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics",
                                                      DIAGNOSTICS_QOS)
         self.query_srv = self.create_service(Query, p["services.query"], self.query_callback,
@@ -227,31 +234,55 @@ class PolicyNode(Node):
         suffix = build_suffix(self.instant, now_ns, stale_s=self.params["stale_instant_s"])
         if extra_suffix.strip():
             suffix += "\n" + extra_suffix.strip()
+        bound, constraint = self._actions(self.fold.state.chunks if self.driver is None
+                                          else self.driver.active_chunks())
         if self.driver is not None:
-            job = functools.partial(self._query_driver, task, suffix, max_new_tokens, now_ns)
+            job = functools.partial(self._query_driver, task, suffix, max_new_tokens, now_ns,
+                                    bound, constraint)
         else:
             request = self.fold.state.build_request(task=task, suffix=suffix)
             url = self.fold.primary_url or self.params["resource.r1_url"]
             name = self.fold.primary or "r1"
             job = functools.partial(self._query_http, request, url, name, task, max_new_tokens,
-                                    now_ns)
+                                    now_ns, bound, constraint)
         future = self.worker.submit(job)
         future.add_done_callback(self._query_done)
         return future
 
+    def _actions(self, chunks):
+        """Under the lock: the vocabulary bound to the values seen so far, and its constraint
+        (None, None without a vocabulary; a vocabulary and None in free-text mode)."""
+        if self.vocab is None:
+            return None, None
+        for chunk in list(chunks):
+            if chunk.seq > self.seen_upto_seq:
+                self.seen.observe(chunk.text)
+                self.seen_upto_seq = int(chunk.seq)
+        mode = self.params["actions.mode"]
+        try:
+            bound = self.vocab.bind(self.seen.values())
+            return bound, None if mode == "free" else bound.constraint(mode)
+        except ActionSpecError as exc:   # e.g. every action needs a value not seen yet
+            self.get_logger().warning(f"no constrained decision possible: {exc}",
+                                      throttle_duration_sec=5.0)
+            return self.vocab, None
+
     def _query_http(self, request, url: str, name: str, task: str, max_new_tokens: int,
-                    started_ns: int) -> PolicyDecision:
+                    started_ns: int, bound=None, constraint=None) -> PolicyDecision:
         """On the worker thread: answer on the primary server."""
         resource = self._http_resource(url, name, int(request.version))
-        result = resource.query(request, max_new_tokens=max_new_tokens)
-        return self._decision(request, result, result.ttft_s, task, started_ns)
+        result = resource.query(request, max_new_tokens=max_new_tokens, constraint=constraint)
+        return self._decision(request, result, result.ttft_s, task, started_ns, bound,
+                              max_new_tokens)
 
-    def _query_driver(self, task: str, suffix: str, max_new_tokens: int,
-                      started_ns: int) -> PolicyDecision:
-        outcome = self.driver.query(task, suffix=suffix, max_new_tokens=max_new_tokens)
+    def _query_driver(self, task: str, suffix: str, max_new_tokens: int, started_ns: int,
+                      bound=None, constraint=None) -> PolicyDecision:
+        outcome = self.driver.query(task, suffix=suffix, max_new_tokens=max_new_tokens,
+                                    constraint=constraint)
         if not outcome.ok:
             raise CsrError(outcome.error)
-        return self._decision(outcome.request, outcome.result, outcome.ttft_s, task, started_ns)
+        return self._decision(outcome.request, outcome.result, outcome.ttft_s, task, started_ns,
+                              bound, max_new_tokens)
 
     def _http_resource(self, url: str, name: str, version: int):
         """One client per server and version: after a swap the committed run it tracks is
@@ -272,8 +303,14 @@ class PolicyNode(Node):
         self.http_resources[url] = (version, resource)
         return resource
 
-    def _decision(self, request, result, ttft_s: float, task: str,
-                  started_ns: int) -> PolicyDecision:
+    def _decision(self, request, result, ttft_s: float, task: str, started_ns: int,
+                  bound=None, max_new_tokens: int = 0) -> PolicyDecision:
+        decision_s = float(ttft_s) + float(result.decode_s)
+        typed = None if bound is None else bound.decide(
+            result.text, constrained=result.constrained, finish_reason=result.finish_reason,
+            max_new_tokens=max_new_tokens)
+        action = typed.action if typed is not None else None
+        names, values, arguments = _arguments(action)
         decision = PolicyDecision(
             stamp=time_msg(started_ns), query_id=int(request.query_id),
             version=int(request.version), resource=result.resource, task=task, text=result.text,
@@ -281,13 +318,26 @@ class PolicyNode(Node):
             static_tokens=request.n_static, dynamic_tokens=request.n_dynamic,
             extended_tokens=int(result.n_extended),
             cached_tokens=-1 if result.cached_tokens is None else int(result.cached_tokens),
-            last_seq=int(request.last_seq or 0), truncated=result.finish_reason == "length")
+            last_seq=int(request.last_seq or 0), truncated=result.finish_reason == "length",
+            constrained=bool(result.constrained), decision_s=decision_s,
+            valid=action is not None, action_name="" if action is None else action.name,
+            arg_names=names, arg_values=values, arguments_json=arguments,
+            error="no action vocabulary (actions.vocabulary)" if typed is None else typed.error)
         with self.lock:
             self.stats.record(result, int(request.version), ttft_s=float(ttft_s),
                               now_s=time.monotonic())
             if self.closing or not self.context.ok():
                 return decision            # shutting down: the answer is not published
             self.decision_pub.publish(decision)
+            if typed is not None and typed.valid:
+                self.action_pub.publish(Action(
+                    stamp=decision.stamp, query_id=decision.query_id,
+                    name=decision.action_name, arg_names=decision.arg_names,
+                    arg_values=decision.arg_values, arguments_json=decision.arguments_json,
+                    constrained=decision.constrained, decision_s=decision_s))
+        if typed is not None and not typed.valid:
+            self.get_logger().warning(f"decision {decision.query_id} is not a valid action: "
+                                      f"{typed.error}", throttle_duration_sec=5.0)
         return decision
 
     def _query_done(self, future: Future) -> None:
@@ -372,6 +422,14 @@ class _QueryWorker:
             if item is not None:
                 item[1].cancel()
         self._queue.put(None)
+
+
+def _arguments(action) -> tuple[list[str], list[str], str]:
+    """A typed action's argument names, values as text, and the arguments as typed JSON."""
+    if action is None:
+        return [], [], ""
+    values = [v if isinstance(v, str) else json.dumps(v) for _, v in action.args]
+    return [n for n, _ in action.args], values, action.arguments_json
 
 
 def _header(node: Node):

@@ -336,11 +336,16 @@ class ReconcilerNode(Node):
 
     # -- in-process use (all_in_one) and health ------------------------------------------------
 
-    def query(self, task: str, *, suffix: str = "", max_new_tokens: int = 8):
+    def query(self, task: str, *, suffix: str = "", max_new_tokens: int = 8, constraint=None):
         """For a policy node in the same process: build and route against the active version."""
         if self.driver is None:
             raise ResourceError("the reconciler has not started its resources yet")
-        return self.driver.query(task, suffix=suffix, max_new_tokens=max_new_tokens)
+        return self.driver.query(task, suffix=suffix, max_new_tokens=max_new_tokens,
+                                 constraint=constraint)
+
+    def active_chunks(self) -> list:
+        """The chunks of the active version (for a policy node in the same process)."""
+        return [] if self.driver is None else list(self.driver.machine.active.chunks)
 
     def capacity(self):
         """Eq. 54 from the measurements so far; None before the driver runs."""
