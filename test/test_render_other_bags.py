@@ -226,3 +226,24 @@ def test_a_path_is_its_length_and_goal_and_changes_when_the_goal_moves():
     msgs = [path((0, 0), (3, 4)), path((0.5, 0), (3, 4.5)), path((0, 0), (6, 8)), path()]
     out = [c.text for i, m in enumerate(msgs) for c in e.offer("plan", m, i * S)]
     assert out == ["0s plan: 2 poses 5m to 3,4", "2s plan: 2 poses 10m to 6,8", "3s plan: empty"]
+
+
+def test_the_other_robots_bag_renders_the_same_from_real_rclpy_messages(other_bag):
+    pytest.importorskip("rclpy", reason="the rclpy-shaped variant runs without ROS")
+    from test_render_emission import rclpy_shaped, to_rclpy
+
+    import importlib.util
+
+    bag, _ = other_bag
+    plan = plan_sources([bag], CONFIG)
+    # the types whose rclpy classes are installed (vision_msgs, patrol_msgs exist only in the bag)
+    sources = {t: s for t, s in plan.sources.items()
+               if importlib.util.find_spec(s.type_name.split("/")[0]) is not None}
+    assert {"/camera/image_raw", "/rosout", "/diagnostics", "/cmd_vel"} <= set(sources)
+    messages = list(read_bag([bag], sources))[:4000]          # the first 90 s or so
+    from_bag = [c.text for c in replay_chunks(messages, sources)]
+    for shape in (to_rclpy, rclpy_shaped):
+        live = [(topic, t, shape(m)) for topic, t, m in messages]
+        assert [c.text for c in replay_chunks(live, sources)] == from_bag
+    assert any(" camera/image_raw: 128x96 rgb8" in t for t in from_bag)
+    assert any(" diagnostics: " in t for t in from_bag)
