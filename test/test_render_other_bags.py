@@ -13,7 +13,8 @@ from rosbags.typesys import Stores, get_typestore
 
 from csr_ros import patrol
 from csr_ros.cli import main as cli_main
-from csr_ros.render import Bulk, Emitter, EmitterSource, to_plain, topic_policy, type_policy
+from csr_ros.render import (Bulk, Emitter, EmitterSource, RenderOptions, to_plain, topic_policy,
+                            type_policy)
 from csr_ros.render.emission import EmissionConfig
 from csr_ros.render.summaries import (summarize_diagnostic_array, summarize_log,
                                       summarize_nav_sat_fix, summarize_tf_message)
@@ -94,16 +95,37 @@ def test_only_configured_renders_the_params_topics_alone_and_names_the_rest(othe
     assert plan.topics["/camera/image_raw"].policy == "left out: --only-configured"
 
 
-def test_a_configured_topic_missing_from_the_bag_is_not_matched_when_two_topics_could_be_it(
+def test_a_configured_topic_missing_from_the_bag_is_matched_only_when_that_is_unambiguous(
         tmp_path):
-    bag = tmp_path / "bag"
+    bag = tmp_path / "bag"                  # two String topics, two absent String sources
     patrol.generate_patrol(bag, duration_s=20.0, seed=1,
                            topic_names={"/speech/text": "/speech", "/action_result": "/results"})
-    plan = plan_sources([bag], CONFIG)
-    assert "speech" in plan.absent and "actions" in plan.absent
-    assert any("2 topics have its type" in n for n in plan.notes)
-    assert plan.topics["/speech"].origin == "auto" and plan.sources["/speech"].emission.event
-    assert plan.topics["/results"].origin == "auto" and plan.sources["/results"].emission.event
+    plan = plan_sources([bag], CONFIG)      # the names tell which is which
+    assert (plan.sources["/speech"].name, plan.sources["/results"].name) == ("speech", "actions")
+    assert plan.topics["/results"].origin == "matched" and "task" in plan.absent   # instant
+    other = tmp_path / "other"              # nothing in the names: neither is guessed
+    patrol.generate_patrol(other, duration_s=20.0, seed=1,
+                           topic_names={"/speech/text": "/audio_in", "/action_result": "/says"})
+    plan = plan_sources([other], CONFIG)
+    assert {"speech", "actions"} <= set(plan.absent)
+    assert any("2 topics of its type could be it (/audio_in, /says)" in n for n in plan.notes)
+    for topic in ("/audio_in", "/says"):
+        assert plan.topics[topic].origin == "auto" and plan.sources[topic].emission.event
+
+
+def test_two_absent_sources_of_one_type_do_not_both_claim_the_only_topic_of_that_type():
+    from csr_ros.ros_params import SourceConfig
+    from csr_ros.tools.replay import match_by_type
+
+    def src(name, topic, instant=False):
+        return SourceConfig(name=name, topic=topic, type_name="std_msgs/msg/String", label=name,
+                            period_s=0.0, instant=instant, render=RenderOptions())
+    bag = {"/voice": "std_msgs/msg/String", "/odom": "nav_msgs/msg/Odometry"}
+    found = match_by_type([src("speech", "/speech/text"), src("actions", "/action_result"),
+                           src("task", "/current_goal", instant=True)], bag)
+    assert isinstance(found["speech"], str) and isinstance(found["actions"], str)
+    assert "task" not in found                                  # instant: never matched
+    assert match_by_type([src("speech", "/speech/text")], bag)["speech"][0] == "/voice"
 
 
 def test_type_defaults_make_events_states_or_leave_out_with_a_reason():

@@ -148,6 +148,63 @@ def _source_name(topic: str, taken: set[str]) -> str:
     return name
 
 
+def _words(text: str) -> set[str]:
+    return {w for w in re.split(r"[^a-z0-9]+", text.lower()) if len(w) >= 3}
+
+
+def _related(a: str, b: str) -> bool:
+    """Whether two names share a word (one word inside the other counts: odom, odometry)."""
+    return any(x in y or y in x for x in _words(a) for y in _words(b) if min(len(x), len(y)) >= 4
+               or x == y)
+
+
+def match_by_type(configured: list[SourceConfig], in_bag: Mapping[str, str],
+                  ) -> dict[str, tuple[str, str] | str]:
+    """Configured sources whose topic is not in the bag → (bag topic, why) when exactly one fits,
+    else the reason none was taken (a str). Instant sources are never matched.
+
+    A bag topic fits a source when it has the source's type and no source names it. It is taken
+    when it is the only one that fits and no other absent source of that type could take it;
+    otherwise when it is the only fitting topic whose name shares a word with the source's
+    topic or name, and no other absent source's name shares one with it."""
+    named = {s.topic for s in configured}
+    absent = [s for s in configured if s.topic not in in_bag and not s.instant]
+    fits = {s.name: sorted(t for t, m in in_bag.items() if m == s.type_name and t not in named)
+            for s in absent}
+    out: dict[str, tuple[str, str] | str] = {}
+    for s in absent:
+        cands = fits[s.name]
+        rivals = [r for r in absent if r.name != s.name and r.type_name == s.type_name]
+        if not cands:
+            continue
+        if len(cands) == 1 and not any(cands[0] in fits[r.name] for r in rivals):
+            out[s.name] = (cands[0], f"the bag's only {s.type_name} topic that no source names")
+            continue
+        by_name = [t for t in cands if _related(t, s.topic) or _related(t, s.name)]
+        if len(by_name) == 1 and not any(
+                by_name[0] in fits[r.name] and (_related(by_name[0], r.topic)
+                                                or _related(by_name[0], r.name))
+                for r in rivals):
+            out[s.name] = (by_name[0], f"the only {s.type_name} topic that no source names "
+                                       "with a name like it")
+            continue
+        out[s.name] = ""
+    taken = {v[0] for v in out.values() if isinstance(v, tuple)}
+    for name, found in list(out.items()):
+        if isinstance(found, tuple):
+            continue
+        left = [t for t in fits[name] if t not in taken]
+        if not left:
+            del out[name]
+            continue
+        out[name] = (f"not matched: {len(left)} topics of its type could be it "
+                     f"({', '.join(left)}) and no name tells which; rendered with their type's "
+                     "defaults" if len(left) > 1 else
+                     f"not matched: {left[0]} has its type, but so has another absent source "
+                     "and no name tells which; rendered with its type's defaults")
+    return out
+
+
 def _describe(source: SourceConfig) -> str:
     if source.instant:
         return "instant"
@@ -161,8 +218,8 @@ def plan_sources(paths: list[Path], params_file: Path | None, topics: list[str] 
     """Which source renders each bag topic.
 
     A params file's sources render their topics (as the bag's type when it differs). A source
-    whose topic is not in the bag takes the one bag topic of its type that no source names, when
-    there is exactly one. Every other topic gets its type's defaults (`render.policy`): an event,
+    whose topic is not in the bag takes a bag topic of its type that no source names, when that
+    is unambiguous (`match_by_type`). Every other topic gets its type's defaults (`render.policy`): an event,
     a change-filtered state, or left out with the reason; `only_configured` renders the params
     file's topics alone. Without a params file every topic gets its type's defaults.
     """
@@ -176,26 +233,23 @@ def plan_sources(paths: list[Path], params_file: Path | None, topics: list[str] 
         params = validate("aggregator", nodes["aggregator"])
         render_defaults = params
         configured = params["sources"]
-        named = {s.topic for s in configured}
+        matches = {} if only_configured else match_by_type(configured, in_bag)
         for source in configured:
             origin, note = "config", ""
             if source.topic not in in_bag:
-                same = [t for t, m in in_bag.items() if m == source.type_name and t not in named
-                        and t not in plan.sources]
-                if only_configured or len(same) != 1:
+                found = matches.get(source.name)
+                if isinstance(found, str) or found is None:
                     plan.absent[source.name] = source.topic
-                    if len(same) > 1 and not only_configured:
-                        plan.notes.append(
-                            f"source {source.name}: {source.topic} is not in the bag and "
-                            f"{len(same)} topics have its type ({', '.join(sorted(same))}): "
-                            "not matched, they are rendered with their type's defaults")
+                    if found:
+                        plan.notes.append(f"source {source.name}: {source.topic} is not in the "
+                                          f"bag; {found}")
                     continue
+                topic, why = found
                 origin = "matched"
-                note = f"configured as {source.topic}, which is not in the bag"
+                note = f"configured as {source.topic}, which is not in the bag; {why}"
                 plan.notes.append(f"source {source.name}: {source.topic} is not in the bag; "
-                                  f"rendering {same[0]}, the bag's only {source.type_name} "
-                                  "topic that no source names")
-                source = replace(source, topic=same[0])
+                                  f"rendering {topic}, {why}")
+                source = replace(source, topic=topic)
             if in_bag[source.topic] != source.type_name:
                 note = (f"configured as {source.type_name}; deadbands: the bag type's defaults"
                         if not source.emission.event else
