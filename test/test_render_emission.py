@@ -275,9 +275,11 @@ def test_a_custom_type_known_only_to_the_bag_renders_generically_without_its_con
         msg = reader.deserialize(next(reader.messages(connections=[conn]))[2], conn.msgtype)
     assert hasattr(msg.detections[0], "SOURCE_RGBD")                 # the constant is there
     assert "SOURCE_RGBD" not in json.dumps(to_plain(msg), default=str)
-    text = render(msg, label="seen", options=RenderOptions(float_digits=2))
+    text = render(msg, label="seen", options=RenderOptions(float_digits=2, summarize=False))
     assert text.startswith("seen: detections=[{label=towel confidence=0.87 position=11.4,-0.4,0.4 ")
     assert "source=1" in text and not CONSTANT.search(text) and not LONG_INT.search(text)
+    # its name says detect: each item's label, score and place, as a Detection2DArray
+    assert render(msg, label="seen") == "seen: towel 0.87 at 11.4,-0.4, toothbrush 0.69 at 9.6,0.3"
 
 
 def test_frame_ids_appear_only_when_they_differ_from_the_sources_usual_frame():

@@ -269,3 +269,21 @@ def test_the_other_robots_bag_renders_the_same_from_real_rclpy_messages(other_ba
         assert [c.text for c in replay_chunks(live, sources)] == from_bag
     assert any(" camera/image_raw: 128x96 rgb8" in t for t in from_bag)
     assert any(" diagnostics: " in t for t in from_bag)
+
+
+def test_custom_detection_types_are_summarised_by_label_score_and_place_or_generically():
+    from csr_ros.render import render
+
+    objects = {"header": {"frame_id": "cam"}, "objects": [
+        {"class_name": "cup", "probability": 0.912, "pose": {"pose": {"position": {
+            "x": 1.24, "y": 3.0, "z": 0.7}}}, "mask": list(range(20))},
+        {"class_name": "person", "probability": 0.78}]}
+    assert render(objects, label="seen", type_name="acme_msgs/msg/ObjectDetections") == \
+        "seen: cup 0.91 at 1.2,3, person 0.78"
+    single = {"label": "dog", "score": 0.5, "center": {"x": 2.0, "y": 1.0}}
+    assert render(single, label="d", type_name="acme_msgs/msg/Detection") == "d: dog 0.5 at 2,1"
+    assert render({"header": {}, "objects": []}, label="d",
+                  type_name="acme_msgs/msg/Detections") == "d: nothing"
+    unlabelled = {"boxes": [{"x": 1.0, "y": 2.0}]}           # nothing says what: generic
+    assert render(unlabelled, label="d", type_name="acme_msgs/msg/Detections") == \
+        "d: boxes=[1,2]"

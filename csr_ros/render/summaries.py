@@ -11,6 +11,7 @@ covers every other type, including custom types that exist only in a bag.
     JointState        shoulder 0.52 elbow -1.2
     GoalStatusArray   3fa2 succeeded            (only goals whose state changed)
     Detection2DArray  cup 0.91 at 1.2,3.4, person 0.78       (position: the hypothesis pose)
+    custom *Detect*   towel 0.87 at 11.4,-0.4                (label/score/position-like fields)
     String            alice: bring me the cup
     Image             640x480 rgb8              (CompressedImage: jpeg 41kB; never pixels)
     PointCloud2       20480 points x,y,z,intensity
@@ -238,6 +239,51 @@ def summarize_detection2d_array(p: Mapping[str, Plain], ctx: Context = Context()
     seen = [_detection(d) for d in p.get("detections") or []]
     text = ", ".join(f"{fmt_text(c) if ' ' not in c else c} {fmt_float(s, 2)}{w}"
                      for c, s, w in seen)
+    return Summary((text or "nothing") + _frame_note(p, ctx),
+                   {"classes": tuple(sorted(c for c, _, _ in seen))})
+
+
+LABEL_KEYS = ("label", "class_name", "class_id", "category", "object", "name", "class", "id")
+SCORE_KEYS = ("confidence", "score", "probability", "prob")
+
+
+def _first(d: Mapping[str, Plain], keys: tuple[str, ...], kind: type | tuple) -> Any:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, kind) and not isinstance(v, bool) and v != "":
+            return v
+    return None
+
+
+def _where(d: Mapping[str, Plain]) -> str:
+    pose = d.get("pose") if isinstance(d.get("pose"), Mapping) else {}
+    if isinstance(pose.get("pose"), Mapping):
+        pose = pose["pose"]
+    for pos in (d.get("position"), pose.get("position"), d.get("center")):
+        if isinstance(pos, Mapping) and _num(pos.get("x")) == _num(pos.get("x")):
+            x, y = _num(pos.get("x"), 0.0), _num(pos.get("y"), 0.0)
+            return f" at {fmt_float(x, 1)},{fmt_float(y, 1)}"
+    return ""
+
+
+def summarize_detection_like(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary | None:
+    """A custom detection type (its name says detect): each item's label, score and where it is
+    (``towel 0.87 at 11.4,-0.4``), as Detection2DArray is. None when an item has no label-like
+    field: the generic summary is used then."""
+    body = {k: v for k, v in p.items() if k != "header"}
+    lists = [v for v in body.values() if isinstance(v, list) and v
+             and all(isinstance(i, Mapping) for i in v)]
+    empty = [v for v in body.values() if isinstance(v, list) and not v]
+    items = lists[0] if len(lists) == 1 else [] if not lists and empty else [body]
+    seen = []
+    for item in items:
+        label = _first(item, LABEL_KEYS, (str, int))
+        if label is None:
+            return None
+        score = _first(item, SCORE_KEYS, (int, float))
+        seen.append((str(label), "" if score is None else f" {fmt_float(float(score), 2)}",
+                     _where(item)))
+    text = ", ".join(f"{fmt_text(c) if ' ' not in c else c}{s}{w}" for c, s, w in seen)
     return Summary((text or "nothing") + _frame_note(p, ctx),
                    {"classes": tuple(sorted(c for c, _, _ in seen))})
 

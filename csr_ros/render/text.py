@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from csr_ros.render.format import Context, RenderOptions, cut, format_pairs
 from csr_ros.render.plain import (Plain, message_type_name, normalize_type_name, select_fields,
                                   to_plain)
-from csr_ros.render.summaries import SUMMARIZERS, Summary, generic_body, summarize_generic
+from csr_ros.render.summaries import (SUMMARIZERS, Summary, generic_body,
+                                      summarize_detection_like, summarize_generic)
+
+DETECTION_LIKE = re.compile(r"detect", re.IGNORECASE)   # custom detection types
 
 
 def summarize(plain: Plain, *, type_name: str | None, ctx: Context = Context()) -> Summary:
@@ -22,6 +26,10 @@ def summarize(plain: Plain, *, type_name: str | None, ctx: Context = Context()) 
                        summary.features)
     if o.summarize and type_name in SUMMARIZERS:
         return SUMMARIZERS[type_name](plain, ctx)
+    if o.summarize and type_name and DETECTION_LIKE.search(type_name.rsplit("/", 1)[-1]):
+        summary = summarize_detection_like(plain, ctx)
+        if summary is not None:
+            return summary
     return summarize_generic(plain, ctx)
 
 
