@@ -301,7 +301,9 @@ def parse_sources(names: Sequence[str], values: Mapping[str, Any], *,
         if resolve_type is not None:
             try:
                 resolve_type(type_name)
-            except Exception as exc:  # noqa: BLE001 - any failure means "not installed"
+            except ConfigError as exc:      # the package has no such type (a typo)
+                raise ConfigError(f"aggregator: source.{name}.type: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - any other failure means "not installed"
                 msg = (f"aggregator: source.{name}.type: message type {type_name!r} is not "
                        f"available ({type(exc).__name__}: {exc}); is its package installed "
                        "and the workspace sourced?")

@@ -12,7 +12,6 @@ late catches up through GetChunks.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -22,9 +21,6 @@ from conftest import ros_missing
 if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
     pytest.skip(ros_missing(), allow_module_level=True)
 
-import rclpy  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
-from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
@@ -34,6 +30,7 @@ from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, SWAPS_QOS  # noqa: E
 from csr_ros.nodes.policy import PolicyNode  # noqa: E402
 from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
 from csr_ros.srv import GetChunks  # noqa: E402
+from ros_graph import Graph, call, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -45,56 +42,22 @@ SPEECH = [Parameter("sources", Parameter.Type.STRING_ARRAY, ["speech", "goal"]),
           Parameter("source.goal.instant", Parameter.Type.BOOL, True)]
 
 
-class Graph:
-    """Nodes spun by a multi-threaded executor on a background thread."""
-
-    def __init__(self):
-        self.executor = MultiThreadedExecutor(num_threads=6)
-        self.nodes: list[Node] = []
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self.thread.start()
-
-    def add(self, node: Node) -> Node:
-        self.nodes.append(node)
-        self.executor.add_node(node)
-        return node
-
-    def close(self) -> None:
-        self.executor.shutdown()
-        for node in reversed(self.nodes):
-            close = getattr(node, "close", None)
-            if close is not None:
-                close()
-            node.destroy_node()
-
-
-def wait_for(condition, timeout_s: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 @pytest.fixture
 def graph():
-    rclpy.init()
     g = Graph()
     yield g
     g.close()
-    rclpy.try_shutdown()
 
 
 @pytest.fixture
 def probe(graph):
     """A plain node that publishes inputs and records what the csr_ros nodes publish."""
-    node = graph.add(Node("csr_ros_test_probe"))
+    node = graph.node("csr_ros_test_probe")
     node.received = {"chunks": [], "decisions": [], "swaps": []}
-    node.speech_pub = node.create_publisher(String, "/test/speech", 10)
+    node.speech_pub = node.create_publisher(String, "/test/speech", 100)
     node.goal_pub = node.create_publisher(String, "/test/goal", 10)
-    node.create_subscription(StateChunk, "csr/chunks", node.received["chunks"].append, CHUNKS_QOS)
+    node.chunks_sub = node.create_subscription(StateChunk, "csr/chunks",
+                                               node.received["chunks"].append, CHUNKS_QOS)
     node.create_subscription(PolicyDecision, "csr/decisions", node.received["decisions"].append,
                              DECISIONS_QOS)
     node.create_subscription(SwapEvent, "csr/swaps", node.received["swaps"].append, SWAPS_QOS)
@@ -102,15 +65,21 @@ def probe(graph):
 
 
 def say(probe, graph, texts):
-    # The aggregator matches QoS to publishers; give discovery a moment before the burst.
-    wait_for(lambda: probe.count_subscribers("/test/speech") > 0, what="aggregator subscription")
+    # The aggregator matches its subscription's QoS to the publishers (best effort until it
+    # sees one, then reliable): speak once it listens reliably, and the chunks can be heard.
+    from rclpy.qos import ReliabilityPolicy
+
+    wait_for(lambda: probe.chunks_sub.get_publisher_count() > 0, what="csr/chunks")
+    wait_for(lambda: [i for i in probe.get_subscriptions_info_by_topic("/test/speech")
+                      if i.qos_profile.reliability == ReliabilityPolicy.RELIABLE]
+             and probe.speech_pub.get_subscription_count() == 1, what="a reliable subscription")
     for text in texts:
         probe.speech_pub.publish(String(data=text))
         time.sleep(0.02)
 
 
 def test_aggregator_publishes_gap_free_rendered_chunks(graph, probe):
-    graph.add(AggregatorNode(parameter_overrides=SPEECH))
+    graph.add(AggregatorNode(context=graph.context, parameter_overrides=SPEECH))
     say(probe, graph, ["go to the kitchen", "stop", "turn left"])
     chunks = wait_for(lambda: len(probe.received["chunks"]) >= 3 and probe.received["chunks"],
                       what="three chunks")
@@ -122,46 +91,45 @@ def test_aggregator_publishes_gap_free_rendered_chunks(graph, probe):
 
 
 def test_a_late_joiner_gets_missed_chunks_through_get_chunks(graph, probe):
-    graph.add(AggregatorNode(parameter_overrides=SPEECH))
+    graph.add(AggregatorNode(context=graph.context, parameter_overrides=SPEECH))
     say(probe, graph, [f"utterance {i}" for i in range(5)])
     wait_for(lambda: len(probe.received["chunks"]) >= 5, what="five chunks")
     client = probe.create_client(GetChunks, "csr/get_chunks")
     assert client.wait_for_service(timeout_sec=10.0)
-    response = wait_for(lambda: _call(client, GetChunks.Request(start_seq=2)), what="GetChunks")
+    response = call(client, GetChunks.Request(start_seq=2))
     assert [c.seq for c in response.chunks] == [2, 3, 4]
     assert (response.first_available_seq, response.next_seq) == (0, 5)
     # a policy node started now folds the whole history before its first live chunk
-    policy = graph.add(PolicyNode(parameter_overrides=[
+    policy = graph.add(PolicyNode(context=graph.context, parameter_overrides=[
         Parameter("rate_hz", Parameter.Type.DOUBLE, 0.2),
         Parameter("resource.r1_url", Parameter.Type.STRING, "http://127.0.0.1:9")]))
     wait_for(lambda: policy.fold.next_seq == 5, what="the late joiner to catch up")
     assert [c.text for c in policy.fold.state.chunks][0].endswith(" speech: utterance 0\n")
 
 
-def _call(client, request):
-    future = client.call_async(request)
-    deadline = time.monotonic() + 5.0
-    while not future.done() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return future.result() if future.done() else None
-
-
 @pytest.mark.slow
-def test_chunks_in_decision_and_swap_event_out_with_local_resources(graph, probe):
+def test_chunks_in_decision_and_swap_event_out_and_a_standalone_policy_folds_the_swap(
+        graph, probe):
     """aggregator → reconciler (ASR over two in-process SmolLM2 resources) → policy decisions;
-    a small tau_mem forces a reconciliation, so a swap event follows the start event."""
-    graph.add(AggregatorNode(parameter_overrides=SPEECH))
-    reconciler = graph.add(ReconcilerNode(parameter_overrides=[
+    a small tau_mem forces a reconciliation, so a swap event follows the start event. A second,
+    standalone policy node (as on a robot, talking to servers) folds that event: it ends on the
+    reconciler's version with exactly the reconciler's tokens."""
+    graph.add(AggregatorNode(context=graph.context, parameter_overrides=SPEECH))
+    reconciler = graph.add(ReconcilerNode(context=graph.context, parameter_overrides=[
         Parameter("resource.kind", Parameter.Type.STRING, "local"),
         Parameter("resource.threads", Parameter.Type.INTEGER, 1),
         Parameter("context_tokens", Parameter.Type.INTEGER, 2048),
         Parameter("tau_mem_tokens", Parameter.Type.INTEGER, 300),
         Parameter("reserve_tokens", Parameter.Type.INTEGER, 256),
         Parameter("n_catchup_tokens", Parameter.Type.INTEGER, 16)]))
-    graph.add(PolicyNode(driver=reconciler, parameter_overrides=[
+    graph.add(PolicyNode(driver=reconciler, context=graph.context, parameter_overrides=[
         Parameter("resource.kind", Parameter.Type.STRING, "local"),
         Parameter("rate_hz", Parameter.Type.DOUBLE, 1.0),
         Parameter("max_new_tokens", Parameter.Type.INTEGER, 4)]))
+    observer = graph.add(PolicyNode(context=graph.context, cli_args=[
+        "--ros-args", "-r", "__node:=policy_observer"], parameter_overrides=[
+        Parameter("rate_hz", Parameter.Type.DOUBLE, 0.1),
+        Parameter("resource.r1_url", Parameter.Type.STRING, "http://127.0.0.1:9")]))
     start = wait_for(lambda: probe.received["swaps"], timeout_s=120.0, what="the start event")
     assert start[0].reason == "start" and start[0].primary == "r1"
     wait_for(lambda: probe.count_subscribers("/test/goal") > 0, what="goal subscription")
@@ -174,6 +142,16 @@ def test_chunks_in_decision_and_swap_event_out_with_local_resources(graph, probe
     swaps = wait_for(lambda: [s for s in probe.received["swaps"] if s.reason == "swap"],
                      timeout_s=240.0, what="a swap event")
     assert swaps[-1].version >= 1 and swaps[-1].evicted_before_seq > 0
+
+    def folded():
+        truth = reconciler.driver.accounting()
+        with observer.lock:
+            state = observer.fold.state
+            return (int(state.version) == truth.version and
+                    tuple(state.static_ids) == tuple(truth.static_ids) and truth)
+    truth = wait_for(folded, timeout_s=60.0, what="the standalone policy to fold the swap")
+    assert truth.version == max(s.version for s in probe.received["swaps"])
+    assert observer.fold.state.chunks[0].seq == truth.active_seqs[0] > 0
 
 
 VISION_AND_SPEECH = SPEECH + [
@@ -193,7 +171,7 @@ def test_a_source_whose_type_is_not_installed_is_skipped_and_named_on_diagnostic
         pass
     arrays = []
     probe.create_subscription(DiagnosticArray, "/diagnostics", arrays.append, 10)
-    aggregator = graph.add(AggregatorNode(parameter_overrides=VISION_AND_SPEECH))
+    aggregator = graph.add(AggregatorNode(context=graph.context, parameter_overrides=VISION_AND_SPEECH))
     assert set(aggregator.sources) == {"speech", "goal"}
     assert "vision_msgs/msg/Detection2DArray" in aggregator.skipped["detections"]
     say(probe, graph, ["still here"])
@@ -209,5 +187,5 @@ def test_a_strict_aggregator_stops_on_a_type_that_is_not_installed(graph):
     from csr_ros.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"source\.detections\.type.*vision_msgs"):
-        AggregatorNode(parameter_overrides=VISION_AND_SPEECH + [
+        AggregatorNode(context=graph.context, parameter_overrides=VISION_AND_SPEECH + [
             Parameter("strict", Parameter.Type.BOOL, True)])

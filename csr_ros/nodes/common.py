@@ -15,6 +15,7 @@ from builtin_interfaces.msg import Time
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.exceptions import InvalidParameterTypeException, ParameterUninitializedException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -210,6 +211,12 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
     except CsrError as exc:
         print(f"[{name}] error: {exc}", file=sys.stderr)
         return 2
+    try:
+        rclpy.init(args=args)
+    except _rclpy.RCLError as exc:
+        # what the file check above cannot see, e.g. a params file rcl cannot parse
+        print(f"[{name}] error: cannot start ROS: {exc}", file=sys.stderr)
+        return 2
     phase = {"building": True}
 
     def on_signal(signum, frame):
@@ -219,7 +226,6 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
             raise _Stop()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    rclpy.init(args=args)
     nodes: list[Node] = []
     executor = MultiThreadedExecutor(num_threads=threads) if threads else None
     code = 0

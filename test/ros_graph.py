@@ -1,0 +1,143 @@
+"""Helpers of the ROS node tests: a background-spun graph in this process, node processes
+started as a robot integrator starts them (`python -m csr_ros.nodes.<node> --ros-args ...`),
+and waiting without fixed sleeps. Imported only by tests that have rclpy (see conftest)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import rclpy
+from rclpy.context import Context
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.node import Node
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "config" / "csr_ros.yaml"
+
+
+def wait_for(condition, timeout_s: float = 30.0, what: str = "condition", every_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class Graph:
+    """Nodes spun by a multi-threaded executor on a background thread, in their own context
+    (so a module-scoped graph and a test's graph never share one)."""
+
+    def __init__(self, threads: int = 6):
+        self.context = Context()
+        rclpy.init(context=self.context)
+        self.executor = MultiThreadedExecutor(num_threads=threads, context=self.context)
+        self.nodes: list[Node] = []
+        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread.start()
+
+    def add(self, node: Node) -> Node:
+        self.nodes.append(node)
+        self.executor.add_node(node)
+        return node
+
+    def node(self, name: str) -> Node:
+        return self.add(Node(name, context=self.context))
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        self.thread.join(timeout=10.0)
+        for node in reversed(self.nodes):
+            close = getattr(node, "close", None)
+            if close is not None:
+                close()
+            node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+
+
+def endpoints(node: Node, topic: str, kind: str) -> set[bytes]:
+    """The GIDs of the publishers ('pub') or subscriptions ('sub') of a topic: a restarted
+    node's endpoints are new ones, while a stopped node's may linger in the graph a moment."""
+    infos = (node.get_publishers_info_by_topic(topic) if kind == "pub"
+             else node.get_subscriptions_info_by_topic(topic))
+    return {bytes(i.endpoint_gid) for i in infos}
+
+
+def call(client, request, timeout_s: float = 10.0):
+    """A service call from a node spun elsewhere: the answer, or None after timeout_s."""
+    future = client.call_async(request)
+    deadline = time.monotonic() + timeout_s
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return future.result() if future.done() else None
+
+
+class NodeProcess:
+    """One node executable in its own process, output in a log file.
+
+    The child imports this checkout's csr_ros (PYTHONPATH) and inherits the test run's
+    ROS_DOMAIN_ID and localhost-only discovery (set by conftest)."""
+
+    def __init__(self, module: str, *ros_args: str, log: Path):
+        self.module = module
+        self.log_path = log
+        env = dict(os.environ, PYTHONUNBUFFERED="1",
+                   PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in os.environ.get(
+                       "PYTHONPATH", "").split(os.pathsep) if p]))
+        self.argv = [sys.executable, "-m", f"csr_ros.nodes.{module}", "--ros-args", *ros_args]
+        self._log = open(log, "w", encoding="utf-8")
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+
+    @property
+    def output(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_output(self, text: str, timeout_s: float = 60.0) -> str:
+        def seen():
+            if text in self.output:
+                return True
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.module} exited with {self.proc.returncode} before "
+                                     f"printing {text!r}:\n{self.output}")
+            return False
+        wait_for(seen, timeout_s, f"{self.module} to print {text!r}", every_s=0.1)
+        return self.output
+
+    def wait_exit(self, timeout_s: float = 60.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.module} still ran after {timeout_s} s:\n"
+                                 f"{self.output}") from None
+        finally:
+            self._log.close()
+
+    def terminate(self, timeout_s: float = 10.0) -> tuple[int, float]:
+        """SIGTERM, as systemd, docker stop and ros2 launch send it: (exit code, seconds)."""
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"{self.module} did not stop within {timeout_s} s of SIGTERM:"
+                                 f"\n{self.output}") from None
+        finally:
+            self._log.close()
+        return code, time.monotonic() - started
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
