@@ -148,7 +148,14 @@ class AggregatorNode(Node):
         for source in self.sources.values():
             self._check_types(source)
             choice = self._publisher_qos(source.topic)
-            if choice.matched and choice != self.source_qos[source.name]:
+            current = self.source_qos[source.name]
+            if choice.matched and not current.matched and \
+                    (choice.reliable, choice.transient_local) == \
+                    (current.reliable, current.transient_local):
+                # the first publisher offers what we subscribed with: keep the subscription (a
+                # new one would drop what is in flight, the first words of a new publisher)
+                self.source_qos[source.name] = choice
+            elif choice.matched and choice != current:
                 self.get_logger().info(f"{source.name}: publishers changed, resubscribing "
                                        f"(reliable={choice.reliable}, "
                                        f"transient_local={choice.transient_local})")

@@ -211,12 +211,6 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
     except CsrError as exc:
         print(f"[{name}] error: {exc}", file=sys.stderr)
         return 2
-    try:
-        rclpy.init(args=args)
-    except _rclpy.RCLError as exc:
-        # what the file check above cannot see, e.g. a params file rcl cannot parse
-        print(f"[{name}] error: cannot start ROS: {exc}", file=sys.stderr)
-        return 2
     phase = {"building": True}
 
     def on_signal(signum, frame):
@@ -225,7 +219,16 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
         if phase["building"]:
             raise _Stop()
 
+    # before rclpy.init, which chains its handlers to these
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rclpy.init(args=args)
+    except _rclpy.RCLError as exc:
+        # what the file check above cannot see, e.g. a params file rcl cannot parse
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        print(f"[{name}] error: cannot start ROS: {exc}", file=sys.stderr)
+        return 2
     nodes: list[Node] = []
     executor = MultiThreadedExecutor(num_threads=threads) if threads else None
     code = 0
