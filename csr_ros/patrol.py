@@ -23,7 +23,7 @@ needed, in mcap or sqlite3 storage):
 
 `topic_names` writes them under other names, `action_results="custom"` as a custom type, and
 `extras` adds a camera (Image), /tf at 50 Hz, /tf_static, /cmd_vel, a custom motor status,
-/rosout and /diagnostics, as another robot's recording would hold them.
+/rosout, /diagnostics and a simulation /clock, as another robot's recording would hold them.
 
 The custom detection type is defined here as .msg text and registered with rosbags' typestore
 when writing; a reader learns it from the bag. The same seed and duration give byte-identical
@@ -643,6 +643,7 @@ TOPIC_MOTOR = "/motor_status"
 TOPIC_CMD_VEL = "/cmd_vel"
 TOPIC_ROSOUT = "/rosout"
 TOPIC_DIAGNOSTICS = "/diagnostics"
+TOPIC_CLOCK = "/clock"
 EXTRA_TOPIC_TYPES = {
     TOPIC_IMAGE: "sensor_msgs/msg/Image",
     TOPIC_TF: "tf2_msgs/msg/TFMessage",
@@ -651,6 +652,7 @@ EXTRA_TOPIC_TYPES = {
     TOPIC_CMD_VEL: "geometry_msgs/msg/Twist",
     TOPIC_ROSOUT: "rcl_interfaces/msg/Log",
     TOPIC_DIAGNOSTICS: "diagnostic_msgs/msg/DiagnosticArray",
+    TOPIC_CLOCK: "rosgraph_msgs/msg/Clock",
 }
 IMAGE_WIDTH, IMAGE_HEIGHT = 128, 96        # small, so a 10-minute bag stays small; rgb8
 
@@ -714,6 +716,7 @@ def _extra_messages(world: _World, ts, rng: np.random.Generator, odom_hz: float,
                 header=_header(ts, t_s, "camera_link"), height=IMAGE_HEIGHT, width=IMAGE_WIDTH,
                 encoding="rgb8", is_bigendian=0, step=IMAGE_WIDTH * 3,
                 data=np.full(IMAGE_WIDTH * IMAGE_HEIGHT * 3, shade, dtype=np.uint8)))
+        add(t_s, TOPIC_CLOCK, T["rosgraph_msgs/msg/Clock"](clock=_time(ts, t_s)))
         vec = T["geometry_msgs/msg/Vector3"]
         add(t_s + 0.004, TOPIC_CMD_VEL, T["geometry_msgs/msg/Twist"](
             linear=vec(x=float(pose.v), y=0.0, z=0.0), angular=vec(x=0.0, y=0.0, z=float(pose.w))))
@@ -788,7 +791,7 @@ def generate_patrol(out: str | Path, *, duration_s: float = 600.0, seed: int = 0
     written (``{"/speech/text": "/speech"}``); `action_results="custom"` writes the action
     results as patrol_msgs/msg/ActionOutcome. `extras` adds what else a recorded bag holds:
     a camera (sensor_msgs/Image at `image_hz`), /tf at `tf_hz` and /tf_static, velocity commands,
-    a drive controller's status in a custom type, /rosout and /diagnostics."""
+    a drive controller's status in a custom type, /rosout, /diagnostics and /clock."""
     from rosbags.rosbag2 import StoragePlugin, Writer
 
     if storage not in STORAGES:

@@ -66,6 +66,9 @@ def test_a_bag_with_other_topic_names_keeps_every_event_within_budget(other_bag,
     topics = report["topics"]
     assert set(topics) == set(truth.topics)
     assert topics["/camera/image_raw"]["origin"] == "auto"
+    assert report["left_out"]["/clock"]["why"] == \
+        "left out: the simulation clock (every chunk has its time)"
+    assert "left out: /clock (rosgraph_msgs/msg/Clock" in printed
     assert topics["/motor_status"]["policy"].startswith("state, period 15 s")
     assert s["camera_image_raw"]["chunks"] <= 2 and s["tf"]["chunks"] <= 3
     assert report["totals"]["tokens_per_s"] <= 20.0
@@ -87,12 +90,20 @@ def test_nothing_heavy_leaks_from_images_transforms_or_custom_types(other_bag):
     assert all(" warn " in t or " error " in t for t in logs)      # info lines are quiet
 
 
-def test_only_configured_renders_the_params_topics_alone_and_names_the_rest(other_bag):
+def test_only_configured_renders_the_params_topics_alone_and_names_the_rest(other_bag, tmp_path,
+                                                                           capsys):
     bag, _ = other_bag
     plan = plan_sources([bag], CONFIG, only_configured=True)
     assert set(plan.sources) == {"/scan", "/navigate_to_pose/_action/status"}
     assert plan.absent["speech"] == "/speech/text"
     assert plan.topics["/camera/image_raw"].policy == "left out: --only-configured"
+    out = tmp_path / "stats.json"
+    assert cli_main(["replay", str(bag), "--params", CONFIG, "--only-configured", "--stats",
+                     "--json", str(out)]) == 0
+    report = json.loads(out.read_text())          # the utterances it did not render are named
+    assert not report["all_events_kept"] and "/speech" in report["events_not_rendered"]
+    n_speech = report["events_not_rendered"]["/speech"]["messages"]
+    assert n_speech > 0 and f"/speech 0/{n_speech}" in capsys.readouterr().out
 
 
 def test_a_configured_topic_missing_from_the_bag_is_matched_only_when_that_is_unambiguous(

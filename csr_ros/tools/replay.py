@@ -219,9 +219,10 @@ def plan_sources(paths: list[Path], params_file: Path | None, topics: list[str] 
 
     A params file's sources render their topics (as the bag's type when it differs). A source
     whose topic is not in the bag takes a bag topic of its type that no source names, when that
-    is unambiguous (`match_by_type`). Every other topic gets its type's defaults (`render.policy`): an event,
-    a change-filtered state, or left out with the reason; `only_configured` renders the params
-    file's topics alone. Without a params file every topic gets its type's defaults.
+    is unambiguous (`match_by_type`). Every other topic gets its type's defaults
+    (`render.policy`): an event, a change-filtered state, or left out with the reason;
+    `only_configured` renders the params file's topics alone. Without a params file every topic
+    gets its type's defaults.
     """
     in_bag, counts, duration_s = bag_info(paths)
     plan = SourcePlan(sources={}, topics={}, absent={}, notes=[])
@@ -393,7 +394,11 @@ def stats_report(tallies: Mapping[str, SourceTally], emitter: Emitter, duration_
         "tau_mem_minutes": round(tau_mem / rate / 60.0, 2) if rate > 0 else None,
         "sources": sources,
         "events": events,
-        "all_events_kept": all(e["kept"] for e in events.values()),
+        "events_not_rendered": (lost := {
+            t: {"type": p.type_name, "messages": p.messages, "why": p.policy}
+            for t, p in (plan.left_out if plan else {}).items()
+            if p.messages and type_policy(p.type_name, t).action == "event"}),
+        "all_events_kept": all(e["kept"] for e in events.values()) and not lost,
         "topics": {t: vars(p) for t, p in (plan.topics if plan else {}).items()},
         "left_out": {t: {"type": p.type_name, "messages": p.messages, "why": p.policy}
                      for t, p in (plan.left_out if plan else {}).items()},
@@ -451,9 +456,11 @@ def print_stats(report: dict) -> None:
         print("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
                         for i, (c, w) in enumerate(zip(r, widths))))
     events = report.get("events") or {}
-    if events:
+    lost = report.get("events_not_rendered") or {}
+    if events or lost:
         print("events kept (chunks/bag messages): " + ", ".join(
             f"{name} {e['chunks']}/{e['bag_messages']}" for name, e in events.items())
+            + "".join(f", {t} 0/{e['messages']}" for t, e in lost.items())
             + ("; all kept" if report["all_events_kept"] else "; NOT ALL KEPT"))
     for topic, p in (report.get("topics") or {}).items():
         if p["origin"] in ("auto", "matched"):
