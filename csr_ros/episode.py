@@ -73,7 +73,7 @@ class Episode:
                 "When asked, reply with the one best next action.")
 
     def typed_task(self) -> str:
-        return "Which action next? Reply with one action call only."
+        return "Which action next?"
 
     @property
     def actions(self) -> tuple[str, ...]:
