@@ -23,7 +23,8 @@ needed, in mcap or sqlite3 storage):
 
 `topic_names` writes them under other names, `action_results="custom"` as a custom type, and
 `extras` adds a camera (Image), /tf at 50 Hz, /tf_static, /cmd_vel, a custom motor status,
-/rosout, /diagnostics and a simulation /clock, as another robot's recording would hold them.
+/rosout, /diagnostics, a simulation /clock, an IMU and wheel joint states, as another robot's
+recording would hold them.
 
 The custom detection type is defined here as .msg text and registered with rosbags' typestore
 when writing; a reader learns it from the bag. The same seed and duration give byte-identical
@@ -644,6 +645,8 @@ TOPIC_CMD_VEL = "/cmd_vel"
 TOPIC_ROSOUT = "/rosout"
 TOPIC_DIAGNOSTICS = "/diagnostics"
 TOPIC_CLOCK = "/clock"
+TOPIC_IMU = "/imu/data"
+TOPIC_JOINTS = "/joint_states"
 EXTRA_TOPIC_TYPES = {
     TOPIC_IMAGE: "sensor_msgs/msg/Image",
     TOPIC_TF: "tf2_msgs/msg/TFMessage",
@@ -653,7 +656,10 @@ EXTRA_TOPIC_TYPES = {
     TOPIC_ROSOUT: "rcl_interfaces/msg/Log",
     TOPIC_DIAGNOSTICS: "diagnostic_msgs/msg/DiagnosticArray",
     TOPIC_CLOCK: "rosgraph_msgs/msg/Clock",
+    TOPIC_IMU: "sensor_msgs/msg/Imu",
+    TOPIC_JOINTS: "sensor_msgs/msg/JointState",
 }
+WHEEL_RADIUS_M, WHEEL_BASE_M = 0.05, 0.4
 IMAGE_WIDTH, IMAGE_HEIGHT = 128, 96        # small, so a 10-minute bag stays small; rgb8
 
 
@@ -702,7 +708,28 @@ def _extra_messages(world: _World, ts, rng: np.random.Generator, odom_hz: float,
     per_motor = max(1, int(round(odom_hz / 5.0)))
     per_diag = max(1, int(round(odom_hz)))
     moving_before = False
+    wheels = [0.0, 0.0]
+    v_before = 0.0
+    cov = np.zeros(9)
     for i, (t_s, pose, level, charging) in enumerate(world.samples):
+        vec = T["geometry_msgs/msg/Vector3"]
+        accel = (pose.v - v_before) * odom_hz
+        v_before = pose.v
+        add(t_s + 0.002, TOPIC_IMU, T["sensor_msgs/msg/Imu"](
+            header=_header(ts, t_s, "imu_link"),
+            orientation=_quat(ts, pose.yaw + rng.normal(0, 0.01)), orientation_covariance=cov,
+            angular_velocity=vec(x=float(rng.normal(0, 0.005)), y=float(rng.normal(0, 0.005)),
+                                 z=float(pose.w + rng.normal(0, 0.005))),
+            angular_velocity_covariance=cov,
+            linear_acceleration=vec(x=float(accel + rng.normal(0, 0.05)),
+                                    y=float(pose.v * pose.w + rng.normal(0, 0.05)),
+                                    z=float(9.81 + rng.normal(0, 0.05))),
+            linear_acceleration_covariance=cov))
+        for side, sign in ((0, -1), (1, 1)):
+            wheels[side] += (pose.v + sign * pose.w * WHEEL_BASE_M / 2) / WHEEL_RADIUS_M / odom_hz
+        add(t_s + 0.002, TOPIC_JOINTS, T["sensor_msgs/msg/JointState"](
+            header=_header(ts, t_s, ""), name=["wheel_left_joint", "wheel_right_joint"],
+            position=np.array(wheels), velocity=np.zeros(2), effort=np.zeros(0)))
         for k in range(per_tf):
             tk = t_s + k / (per_tf * odom_hz)
             transforms = [_transform(ts, tk, "odom", "base_link", pose.x, pose.y, pose.yaw)]
@@ -717,7 +744,6 @@ def _extra_messages(world: _World, ts, rng: np.random.Generator, odom_hz: float,
                 encoding="rgb8", is_bigendian=0, step=IMAGE_WIDTH * 3,
                 data=np.full(IMAGE_WIDTH * IMAGE_HEIGHT * 3, shade, dtype=np.uint8)))
         add(t_s, TOPIC_CLOCK, T["rosgraph_msgs/msg/Clock"](clock=_time(ts, t_s)))
-        vec = T["geometry_msgs/msg/Vector3"]
         add(t_s + 0.004, TOPIC_CMD_VEL, T["geometry_msgs/msg/Twist"](
             linear=vec(x=float(pose.v), y=0.0, z=0.0), angular=vec(x=0.0, y=0.0, z=float(pose.w))))
         if i % per_motor == 0:
@@ -791,7 +817,8 @@ def generate_patrol(out: str | Path, *, duration_s: float = 600.0, seed: int = 0
     written (``{"/speech/text": "/speech"}``); `action_results="custom"` writes the action
     results as patrol_msgs/msg/ActionOutcome. `extras` adds what else a recorded bag holds:
     a camera (sensor_msgs/Image at `image_hz`), /tf at `tf_hz` and /tf_static, velocity commands,
-    a drive controller's status in a custom type, /rosout, /diagnostics and /clock."""
+    a drive controller's status in a custom type, /rosout, /diagnostics, /clock, an IMU and
+    wheel joint states (all at the odometry rate but the camera and /tf)."""
     from rosbags.rosbag2 import StoragePlugin, Writer
 
     if storage not in STORAGES:

@@ -461,7 +461,7 @@ def test_imu_joint_state_and_battery_summaries_are_compact_and_the_same_in_every
         power_supply_health=2, power_supply_technology=2, present=True,
         cell_voltage=np.zeros(0, dtype=np.float32), cell_temperature=np.zeros(0, dtype=np.float32),
         location="", serial_number="")
-    expected = {"imu": "imu: rpy 0,0,90° gyro 0,0,6°/s acc 0.1,0,9.8",
+    expected = {"imu": "imu: heading 90 turning 6°/s",
                 "joints": "joints: shoulder 0.52 elbow -1.2",
                 "battery": "battery: 42% charging health overheat"}
     shapes = [lambda m: m, rclpy_shaped]

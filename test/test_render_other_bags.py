@@ -246,7 +246,7 @@ def test_a_configured_source_with_period_minus_one_takes_its_types_default_perio
                                             parse_params_yaml(text)["aggregator"])["sources"]}
     assert sources("")["imu"].period_s == 0.0                      # unchanged when left out
     got = sources(", period_s: -1.0")
-    assert got["imu"].period_s == 5.0 and got["speech"].period_s == 0.0
+    assert got["imu"].period_s == 10.0 and got["speech"].period_s == 0.0
     with pytest.raises(ConfigError, match=r"period_s must be >= 0 \(or -1"):
         sources(", period_s: -0.5")
 
@@ -298,3 +298,20 @@ def test_custom_detection_types_are_summarised_by_label_score_and_place_or_gener
     unlabelled = {"boxes": [{"x": 1.0, "y": 2.0}]}           # nothing says what: generic
     assert render(unlabelled, label="d", type_name="acme_msgs/msg/Detections") == \
         "d: boxes=[1,2]"
+
+
+def test_an_imu_writes_rates_and_accelerations_only_when_they_say_something():
+    from csr_ros.render.summaries import summarize_imu
+
+    def imu(yaw_z=0.0, gz=0.0, ax=0.0, roll_x=0.0, gx=0.0):
+        return {"orientation": {"x": roll_x, "y": 0.0, "z": yaw_z,
+                                "w": (1 - roll_x ** 2 - yaw_z ** 2) ** 0.5},
+                "orientation_covariance": [0.0] * 9,
+                "angular_velocity": {"x": gx, "y": 0.0, "z": gz},
+                "linear_acceleration": {"x": ax, "y": 0.0, "z": 9.8}}
+    assert summarize_imu(imu()).text == "heading 0 steady"
+    assert summarize_imu(imu(gz=0.8)).text == "heading 0 turning 46°/s"
+    assert summarize_imu(imu(ax=2.1)).text == "heading 0 acc 2.1,0,9.8"
+    assert summarize_imu(imu(roll_x=0.1, gx=0.3)).text == "rpy 11,0,0° gyro 17,0,0°/s"
+    no_attitude = imu() | {"orientation_covariance": [-1.0] + [0.0] * 8}
+    assert summarize_imu(no_attitude).text == "steady"

@@ -56,7 +56,7 @@ STATE_PERIOD_S = {                    # minimum period of each known state type
     "nav_msgs/msg/Odometry": 0.5,
     "sensor_msgs/msg/LaserScan": 0.5,
     "sensor_msgs/msg/BatteryState": 0.0,
-    "sensor_msgs/msg/Imu": 5.0,           # attitude and rates move with every turn and bump
+    "sensor_msgs/msg/Imu": 10.0,          # attitude and rates move with every turn and bump
     "sensor_msgs/msg/JointState": 10.0,   # wheel joints turn for ever
     "sensor_msgs/msg/NavSatFix": 2.0,
     "sensor_msgs/msg/Range": 1.0,
@@ -87,10 +87,13 @@ STATE_NOTES = {
     "diagnostic_msgs/msg/DiagnosticArray": "statuses that are not OK",
     "rcl_interfaces/msg/Log": "warnings and errors, repeats suppressed",
     "nav_msgs/msg/Path": "length and goal, a chunk when the goal moves",
-    "sensor_msgs/msg/JointState": "positions, half a radian (relative beyond 1)",
+    "sensor_msgs/msg/JointState": "positions: 0.5 rad, relative beyond 1 rad",
+    "sensor_msgs/msg/Imu": "a 45 degree turn or tilt, or a shock",
 }
 STATE_EMISSION = {                    # emission parameters of a topic added by default
     "sensor_msgs/msg/JointState": {"deadband": 0.5},
+    # a turn of 45 degrees, a tilt, or a shock (20 deg/s of roll/pitch rate, 20 m/s^2)
+    "sensor_msgs/msg/Imu": {"deadband_deg": 45.0, "deadband": 20.0, "keepalive_s": 300.0},
 }
 
 OMIT_TYPES = {

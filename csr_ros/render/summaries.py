@@ -7,7 +7,7 @@ covers every other type, including custom types that exist only in a bag.
     Odometry          at 2.3,-1.2 heading 90 moving     (or stopped, turning left/right)
     LaserScan         nearest 0.8m front-left, blocked ahead 0.9m   (within 1 m ahead)
     BatteryState      36% discharging
-    Imu               rpy 0,1,90° gyro 0,0,2°/s acc 0.1,0,9.8
+    Imu               heading 90 turning 46°/s  (rpy, gyro, acc when tilted, rotating, shaken)
     JointState        shoulder 0.52 elbow -1.2
     GoalStatusArray   3fa2 succeeded            (only goals whose state changed)
     Detection2DArray  cup 0.91 at 1.2,3.4, person 0.78       (position: the hypothesis pose)
@@ -173,17 +173,37 @@ def _vec(v: Mapping[str, Plain] | None) -> tuple[float, float, float]:
     return tuple(_num(v.get(k), 0.0) for k in ("x", "y", "z"))  # type: ignore[return-value]
 
 
+LEVEL_DEG = 2.0          # roll and pitch below this: the robot stands level
+STEADY_DPS = 5.0         # rotation rates below this are not written
+GRAVITY_MPS2 = 9.81
+STEADY_MPS2 = 0.5        # accelerations within this of gravity alone are not written
+
+
 def summarize_imu(p: Mapping[str, Plain], ctx: Context = Context()) -> Summary:
+    """What a reader takes from an IMU, in few tokens: ``heading 90 turning 6°/s`` when level,
+    ``rpy 3,-12,90°`` when tilted; rates and accelerations only when they are not still/gravity
+    (``gyro 12,0,3°/s``, ``acc 2.1,0,9.8``), else ``steady``. The change filter compares them
+    all, written or not."""
     parts, features = [], {}
     ocov = p.get("orientation_covariance") or [0.0]
     if not (ocov and _num(ocov[0], 0.0) == -1.0):      # -1: the sensor gives no orientation
         roll, pitch, yaw = _rpy_deg(p.get("orientation") or {})
-        parts.append(f"rpy {fmt_float(roll, 0)},{fmt_float(pitch, 0)},{fmt_float(yaw, 0)}°")
+        if abs(roll) < LEVEL_DEG and abs(pitch) < LEVEL_DEG:
+            parts.append(f"heading {fmt_float(yaw, 0)}")
+        else:
+            parts.append(f"rpy {fmt_float(roll, 0)},{fmt_float(pitch, 0)},{fmt_float(yaw, 0)}°")
         features |= {"roll_deg": roll, "pitch_deg": pitch, "yaw_deg": yaw}
     gyro = [math.degrees(g) for g in _vec(p.get("angular_velocity"))]
     acc = _vec(p.get("linear_acceleration"))
-    parts.append("gyro " + ",".join(fmt_float(g, 0) for g in gyro) + "°/s")
-    parts.append("acc " + ",".join(fmt_float(a, 1) for a in acc))
+    if abs(gyro[0]) >= STEADY_DPS or abs(gyro[1]) >= STEADY_DPS:
+        parts.append("gyro " + ",".join(fmt_float(g, 0) for g in gyro) + "°/s")
+    elif abs(gyro[2]) >= STEADY_DPS:
+        parts.append(f"turning {fmt_float(gyro[2], 0)}°/s")
+    if abs(acc[0]) > STEADY_MPS2 or abs(acc[1]) > STEADY_MPS2 or \
+            abs(abs(acc[2]) - GRAVITY_MPS2) > STEADY_MPS2:
+        parts.append("acc " + ",".join(fmt_float(a, 1) for a in acc))
+    if len(parts) <= 1:
+        parts.append("steady")
     features |= {f"gyro_{k}": g for k, g in zip("xyz", gyro)}
     features |= {f"acc_{k}": a for k, a in zip("xyz", acc)}
     return Summary(" ".join(parts) + _frame_note(p, ctx), features)

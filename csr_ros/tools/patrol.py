@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "custom patrol_msgs/msg/ActionOutcome")
     parser.add_argument("--extras", action="store_true",
                         help="also write a camera (Image), /tf and /tf_static, /cmd_vel, a "
-                             "custom motor status type, /rosout, /diagnostics and /clock")
+                             "custom motor status type, /rosout, /diagnostics, /clock, /imu/data "
+                             "and /joint_states")
     parser.add_argument("--image-hz", type=float, default=10.0,
                         help="camera rate with --extras (default 10)")
     parser.add_argument("--tf-hz", type=float, default=50.0,
