@@ -14,6 +14,7 @@ from csr_ros.errors import CsrError
 SUBCOMMANDS = {
     "bench": ("bench", "TTFT of CSR queries against the unordered baseline, capsule timings"),
     "demo": ("demo", "a synthetic robot episode with ASR over two resources (the main job)"),
+    "actions": ("actions_bench", "typed-action decision latency: closed choice, grammar, free"),
     "serve": ("serve", "start inference servers (vLLM on a GPU server, llama.cpp for tests)"),
     "model": ("model", "prepare or inspect the embedded default model"),
     "replay": ("replay", "render a rosbag (ROS 2 or ROS 1) into chunks as the aggregator would"),

@@ -153,3 +153,20 @@ def test_options_where_one_is_a_prefix_of_another_are_scored_with_the_end_token(
                 if i + 1 < len(ids):
                     engine.extend([token])
         assert total == pytest.approx(score, abs=2e-3), option
+
+
+def test_the_actions_benchmark_prints_and_writes_every_mode(tmp_path, capsys):
+    import json
+
+    from csr_ros.cli import main
+
+    out = tmp_path / "a.json"
+    assert main(["actions", "--chunks", "4", "--reps", "1", "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert set(summary["modes"]) == {"choice", "grammar", "free"}
+    for mode in ("choice", "grammar"):
+        m = summary["modes"][mode]
+        assert m["valid"] == m["n"] == 1 and 0 < m["p50_s"] <= m["max_s"]
+    assert summary["modes"]["grammar"]["mask_ms_per_token"] > 0
+    assert summary["modes"]["choice"]["mask_ms_per_token"] is None
+    assert "grammar  latency p50" in capsys.readouterr().out
