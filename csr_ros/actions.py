@@ -380,7 +380,17 @@ class Vocabulary:
 
     def decide(self, text: str, *, constrained: bool, finish_reason: str = "stop",
                max_new_tokens: int | None = None) -> Decision:
-        """Parse a backend's answer into a Decision; an unfinished answer is never valid."""
+        """Parse a backend's answer into a Decision; an unfinished answer is never valid.
+
+        A constrained answer that parses is complete even if the budget ended with it (the
+        grammar allows nothing after an action; a server only lacked the room for its end
+        token). An unconstrained one cut by the budget might have gone on, so it is not.
+        """
+        if finish_reason == "length" and constrained:
+            try:
+                return Decision(text=text, action=self.parse_decision(text), constrained=True)
+            except ActionParseError:
+                pass
         if finish_reason == "length":
             budget = "" if max_new_tokens is None else f" of {max_new_tokens} tokens"
             return Decision(text=text, action=None, constrained=constrained,

@@ -62,10 +62,14 @@ def test_a_decision_that_names_no_action_is_refused_with_the_reason(vocab, text,
     assert not decision.valid and decision.error
 
 
-def test_an_answer_cut_by_the_token_budget_is_reported_incomplete_even_if_it_parses(vocab):
-    decision = vocab.decide("wait()", constrained=True, finish_reason="length", max_new_tokens=3)
-    assert not decision.valid
-    assert decision.error.startswith("incomplete: the budget of 3 tokens")
+def test_an_answer_cut_by_the_token_budget_is_reported_incomplete(vocab):
+    free = vocab.decide("wait()", constrained=False, finish_reason="length", max_new_tokens=3)
+    assert not free.valid
+    assert free.error.startswith("incomplete: the budget of 3 tokens")
+    cut = vocab.decide('say("on my', constrained=True, finish_reason="length", max_new_tokens=3)
+    assert not cut.valid and cut.error.startswith("incomplete")
+    # Under a grammar nothing can follow a whole action: only the end token lacked room.
+    assert vocab.decide("wait()", constrained=True, finish_reason="length").valid
 
 
 @pytest.mark.parametrize("spec,match", [
