@@ -156,3 +156,36 @@ def test_rates_and_noise_can_be_chosen_and_bad_ones_are_refused(tmp_path):
         patrol.generate_patrol(tmp_path / "bad", scan_hz=20.0)
     with pytest.raises(ConfigError, match="noise must be in"):
         patrol.generate_patrol(tmp_path / "bad", noise=-1.0)
+
+
+def test_other_names_and_extras_leave_the_patrols_own_messages_byte_identical(tmp_path):
+    from rosbags.highlevel import AnyReader
+
+    def messages(path, **kw):
+        patrol.generate_patrol(path, duration_s=20.0, seed=6, **kw)
+        with AnyReader([path]) as reader:
+            return [(c.topic, t, bytes(raw)) for c, t, raw in reader.messages()]
+
+    plain = messages(tmp_path / "plain")
+    other = messages(tmp_path / "other", extras=True,
+                     topic_names={"/speech/text": "/speech", "/odom": "/odometry/filtered"})
+    back = {"/speech": "/speech/text", "/odometry/filtered": "/odom"}
+    own = [(back.get(topic, topic), t, raw) for topic, t, raw in other
+           if back.get(topic, topic) in patrol.TOPIC_TYPES]
+    assert own == plain
+    extra = {topic for topic, _, _ in other} - {back.get(t, t) for t, _, _ in plain} - set(back)
+    assert extra == set(patrol.EXTRA_TOPIC_TYPES)
+
+
+def test_the_patrol_command_writes_other_names_and_refuses_a_rename_it_cannot_read(tmp_path,
+                                                                                   capsys):
+    out = tmp_path / "bag"
+    assert cli_main(["patrol", str(out), "--duration-s", "10", "--rename", "/speech/text=/speech",
+                     "--action-results", "custom"]) == 0
+    truth = patrol.load_truth(out)
+    assert truth.topic(patrol.TOPIC_SPEECH) == "/speech" and "/speech" in truth.topics
+    assert truth.topics["/action_result"]["type"] == "patrol_msgs/msg/ActionOutcome"
+    assert cli_main(["patrol", str(tmp_path / "b2"), "--rename", "/speech/text"]) == 2
+    assert "--rename takes OLD=NEW" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="not patrol topics"):
+        patrol.generate_patrol(tmp_path / "b3", duration_s=10.0, topic_names={"/nope": "/x"})
