@@ -213,7 +213,10 @@ def test_a_short_evaluation_runs_every_method_on_the_local_engine(tmp_path, caps
     assert by["csr"]["recomputed_tokens_mean"] < by["csr"]["prompt_tokens_mean"] / 2
     assert by["bm25"]["recomputed_tokens_mean"] > by["csr"]["recomputed_tokens_mean"]
     err = capsys.readouterr().err
-    assert "[csr tau_mem=150] 1/3 questions" in err and "[none] done" in err
+    # every question is asked of all methods in turn, each on its own fork of the engine
+    assert "[1/3 t=6s recall] csr tau_mem=150: " in err and " | none: " in err
+    report = json.loads((tmp_path / "e.json").read_text())
+    assert all(r["interleaved"] for r in report["methods"])
 
 
 @pytest.mark.slow

@@ -110,6 +110,19 @@ class EvalResources:
         secondary = OpenAIResource(urls[-1], name="openai-r2", **options)
         return cls("openai", primary, secondary, primary.tokenizer, mode=primary.state_mode)
 
+    def own(self, spec: "MethodSpec") -> "EvalResources":
+        """Resources of one method's own, for interleaved runs on the local engine: forks of
+        the engine (shared weights, own K/V buffers), so no method disturbs another's cache."""
+        from csr_ros.resources.local import LocalResource
+
+        assert self.kind == "local", "only local engines can be forked per method"
+        engine = self.primary.engine
+        name = spec.name
+        primary = LocalResource.from_engine(engine.fork(), name=f"{name}-r1")
+        secondary = (LocalResource.from_engine(engine.fork(), name=f"{name}-r2")
+                     if spec.name == "csr" else primary)
+        return EvalResources("local-fork", primary, secondary, self.tokenizer, mode=self.mode)
+
     def warm_up(self) -> None:
         """One untimed query per resource: first forwards allocate and initialize kernels, and
         the first HTTP request opens the connection."""
@@ -125,6 +138,10 @@ class EvalResources:
             resource.load((), "")
 
     def close(self) -> None:
+        if self.kind == "local-fork":
+            for resource in {id(r): r for r in (self.primary, self.secondary)}.values():
+                resource.engine.close()
+            return
         if self.kind == "local":
             self.secondary.engine.close()        # the fork's buffers; the weights stay shared
             if self.owns_primary:
@@ -159,9 +176,21 @@ def profile_text(episode: EvalEpisode, profile: str = PROFILE) -> str:
 def evaluate(episodes: Sequence[EvalEpisode], specs: Sequence[MethodSpec],
              resources: EvalResources, *, max_new_tokens: int = 16, choice_score: str = "mean",
              openai_choices: str = "auto", profile: str = PROFILE,
-             progress: Callable[[str], None] | None = None
+             progress: Callable[[str], None] | None = None, interleave: bool | None = None
              ) -> tuple[list[QuestionRecord], list[dict]]:
-    """(every answer, one summary of the run per method spec: label, budget, CSR counters)."""
+    """(every answer, one summary of the run per method spec: label, budget, CSR counters).
+
+    `interleave` (default: on the local engine): every method has its own fork of the engine
+    and each question is asked of all methods in turn, so a change in the machine's load hits
+    every method alike. Otherwise (HTTP servers, whose prefix cache is shared) the methods run
+    one after another over the whole input.
+    """
+    if interleave is None:
+        interleave = resources.kind == "local"
+    if interleave:
+        return _evaluate_interleaved(episodes, specs, resources, max_new_tokens=max_new_tokens,
+                                     choice_score=choice_score, openai_choices=openai_choices,
+                                     profile=profile, progress=progress)
     records: list[QuestionRecord] = []
     runs: list[dict] = []
     n_questions = sum(len(e.questions) for e in episodes)
@@ -191,6 +220,82 @@ def evaluate(episodes: Sequence[EvalEpisode], specs: Sequence[MethodSpec],
     return records, runs
 
 
+def _evaluate_interleaved(episodes, specs, resources, *, max_new_tokens, choice_score,
+                          openai_choices, profile, progress):
+    owned = [resources.own(spec) for spec in specs]
+    methods = [build_method(spec, own) for spec, own in zip(specs, owned)]
+    per_method: list[list[QuestionRecord]] = [[] for _ in methods]
+    extras: list[dict] = [{} for _ in methods]
+    started = time.monotonic()
+    n_total = sum(len(e.questions) for e in episodes)
+    n_done = 0
+    try:
+        for episode in episodes:
+            for method in methods:
+                method.begin(profile_text(episode, profile))
+            instant: dict[str, InstantValue] = {}
+            for item in episode.timeline():
+                if isinstance(item, Observation):
+                    if item.instant:
+                        instant[item.source] = InstantValue(item.source, item.text,
+                                                            item.stamp_ns)
+                    else:
+                        for method in methods:
+                            method.observe(item)
+                    continue
+                suffix = (clock_suffix(instant, item.t_s, episode.start_ns)
+                          if episode.clock else "")
+                n_done += 1
+                line = []
+                for i, method in enumerate(methods):
+                    record = _ask_one(method, episode, item, suffix, len(per_method[i]),
+                                      tokenizer=resources.tokenizer,
+                                      max_new_tokens=max_new_tokens, choice_score=choice_score,
+                                      openai_choices=openai_choices)
+                    per_method[i].append(record)
+                    line.append(f"{method.label}: {'ok' if record.correct else 'no'} "
+                                f"{record.ttft_s:.2f}s")
+                if progress is not None:
+                    progress(f"[{n_done}/{n_total} t={item.t_s:.0f}s {item.kind or '-'}] "
+                             + " | ".join(line))
+            for i, method in enumerate(methods):
+                for key, value in method.end().items():
+                    extras[i][key] = extras[i].get(key, 0) + value
+    finally:
+        for method in methods:
+            method.close()
+        for own in owned:
+            own.close()
+    wall_s = time.monotonic() - started
+    runs = [{"method": m.name, "label": m.label, "budget": m.budget, "matched": spec.note,
+             "wall_s": wall_s, "interleaved": True, **extra}
+            for m, spec, extra in zip(methods, specs, extras)]
+    if progress is not None:
+        for m, mine in zip(methods, per_method):
+            progress(f"[{m.label}] {sum(r.correct for r in mine)}/{len(mine)} correct")
+    return [r for mine in per_method for r in mine], runs
+
+
+def _ask_one(method, episode: EvalEpisode, question: Question, suffix: str, index: int, *,
+             tokenizer, max_new_tokens: int, choice_score: str,
+             openai_choices: str) -> QuestionRecord:
+    resource, request, prepared = method.prompt(task_text(question), suffix, question.question)
+    answer = ask(resource, request, choices=question.choices, tokenizer=tokenizer,
+                 max_new_tokens=max_new_tokens, choice_score=choice_score,
+                 openai_choices=openai_choices)
+    n_history = request.n_static - len(_prefix_ids(method))
+    return QuestionRecord(
+        method=method.name, label=method.label, budget=method.budget, episode=episode.name,
+        qid=question.qid or f"{episode.name}/{index}", kind=question.kind,
+        t_s=question.t_s, question=question.question, answer=question.answer,
+        choices=list(question.choices), prediction=answer.prediction,
+        correct=exact_match(answer.prediction, question.answer),
+        contains=contains_answer(answer.prediction, question.answer), ttft_s=answer.ttft_s,
+        decision_s=answer.decision_s, prompt_tokens=prepared.n_prompt,
+        recomputed_tokens=prepared.n_recomputed, history_tokens=n_history,
+        history_chunks=_n_chunks(request, method))
+
+
 def _run_episode(method, episode: EvalEpisode, *, max_new_tokens: int, choice_score: str,
                  openai_choices: str, profile: str, tokenizer, progress, done_before: int,
                  n_total: int) -> list[QuestionRecord]:
@@ -208,28 +313,16 @@ def _run_episode(method, episode: EvalEpisode, *, max_new_tokens: int, choice_sc
         suffix = ""
         if episode.clock:
             suffix = clock_suffix(instant, question.t_s, episode.start_ns)
-        resource, request, prepared = method.prompt(task_text(question), suffix,
-                                                    question.question)
-        answer = ask(resource, request, choices=question.choices, tokenizer=tokenizer,
-                     max_new_tokens=max_new_tokens, choice_score=choice_score,
-                     openai_choices=openai_choices)
-        n_history = request.n_static - len(_prefix_ids(method))
-        out.append(QuestionRecord(
-            method=method.name, label=method.label, budget=method.budget, episode=episode.name,
-            qid=question.qid or f"{episode.name}/{len(out)}", kind=question.kind,
-            t_s=question.t_s, question=question.question, answer=question.answer,
-            choices=list(question.choices), prediction=answer.prediction,
-            correct=exact_match(answer.prediction, question.answer),
-            contains=contains_answer(answer.prediction, question.answer), ttft_s=answer.ttft_s,
-            decision_s=answer.decision_s, prompt_tokens=prepared.n_prompt,
-            recomputed_tokens=prepared.n_recomputed, history_tokens=n_history,
-            history_chunks=_n_chunks(request, method)))
+        record = _ask_one(method, episode, question, suffix, len(out), tokenizer=tokenizer,
+                          max_new_tokens=max_new_tokens, choice_score=choice_score,
+                          openai_choices=openai_choices)
+        out.append(record)
         if progress is not None:
             done = done_before + len(out)
             n_ok = sum(r.correct for r in out)
             progress(f"[{method.label}] {done}/{n_total} questions, episode {episode.name}: "
-                     f"{n_ok}/{len(out)} correct, last TTFT {answer.ttft_s:.3f} s, "
-                     f"{prepared.n_recomputed} tokens recomputed")
+                     f"{n_ok}/{len(out)} correct, last TTFT {record.ttft_s:.3f} s, "
+                     f"{record.recomputed_tokens} tokens recomputed")
     return out
 
 

@@ -93,6 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--markdown", type=Path, default=None, help="write the table as markdown")
     out.add_argument("--plot", type=Path, default=None, help="PNG: accuracy against TTFT")
     out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    out.add_argument("--sequential", action="store_true",
+                     help="local: run the methods one after another instead of asking each "
+                          "question of all in turn (HTTP resources always run one after another)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,12 +136,9 @@ def run(args: argparse.Namespace) -> int:
         kwargs = dict(max_new_tokens=args.max_new_tokens, choice_score=args.choice_score,
                       openai_choices=args.openai_choices, progress=progress)
         resources.warm_up()
-        records, runs = [], []
-        if "csr" in methods:
-            r, u = evaluate(episodes, csr_specs, resources, **kwargs)
-            records += r
-            runs += u
-        csr_rows = summarize(records, runs)
+        # Budgets are fixed before the run (so every method can be asked each question in
+        # turn): CSR's history at each question is a deterministic fold of the chunks.
+        csr_rows = [plan_csr(spec, episodes, resources) for spec in csr_specs]
         others = []
         for name in methods:
             if name == "csr":
@@ -150,10 +150,13 @@ def run(args: argparse.Namespace) -> int:
                     if budget not in seen:
                         seen.append(budget)
                         others.append(MethodSpec(name, budget, note))
-        if others:
-            r, u = evaluate(episodes, others, resources, **kwargs)
-            records += r
-            runs += u
+        specs = (csr_specs if "csr" in methods else []) + others
+        interleave = resources.kind == "local" and not args.sequential
+        records, runs = evaluate(episodes, specs, resources, interleave=interleave,
+                                 **kwargs)
+        if args.sequential:
+            for run_ in runs:
+                run_["interleaved"] = False
     finally:
         resources.close()
     rows = summarize(records, runs)
@@ -280,8 +283,8 @@ def other_budgets(name: str, args, match: str, csr_rows: list[dict], resources, 
         history = row["history_tokens_mean"] or 0.0
         if match == "ttft":
             rate = prefill_rate(resources, episodes, progress)
-            dynamic = max(0.0, row["prompt_tokens_mean"] - row["history_tokens_mean"])
-            history = max(0.0, row["ttft_p50_s"] * rate - dynamic)
+            ttft_s = csr_ttft(row, resources, progress)
+            history = max(0.0, ttft_s * rate - row["dynamic_tokens_mean"])
         tokens = int(round(history))
         budget = ({"window_tokens": tokens} if name == "window"
                   else {"k": max(1, int(round(tokens / max(chunk_tokens, 1.0))))})
@@ -289,6 +292,61 @@ def other_budgets(name: str, args, match: str, csr_rows: list[dict], resources, 
                        f"({tokens} history tokens; chunks {chunk_tokens:.0f} tokens on average)")
         budgets.append((budget, f"{match} of {row['label']}"))
     return budgets
+
+
+def plan_csr(spec, episodes, resources) -> dict:
+    """CSR's history at each question, folded from the chunks without a model: the same state,
+    eviction policy and threshold as the run (a replay waits for each reconciliation, so no
+    chunk arrives during one). Also a representative request for TTFT calibration."""
+    from csr_ros.eval.episode import Observation
+    from csr_ros.eval.run import clock_suffix, profile_text, task_text
+    from csr_ros.eviction import make_policy
+    from csr_ros.policy_core import InstantValue
+    from csr_ros.state import CsrState
+
+    budget = spec.budget
+    evict = make_policy(budget["eviction"], **budget["eviction_params"])
+    tau = budget["tau_mem_tokens"]
+    history, dynamic, requests = [], [], []
+    for episode in episodes:
+        state = CsrState(tokenizer=resources.tokenizer, layout=resources.layout,
+                         profile=profile_text(episode), mode=resources.mode)
+        instant: dict = {}
+        for item in episode.timeline():
+            if isinstance(item, Observation):
+                if item.instant:
+                    instant[item.source] = InstantValue(item.source, item.text, item.stamp_ns)
+                    continue
+                state.add(item.text, source=item.source, stamp_ns=item.stamp_ns)
+                if state.n_static >= tau:
+                    state = state.evicted(evict(state.chunk_tokens))
+                continue
+            suffix = clock_suffix(instant, item.t_s, episode.start_ns) if episode.clock else ""
+            request = state.build_request(task=task_text(item), suffix=suffix)
+            history.append(state.n_static - len(state.prefix_ids))
+            dynamic.append(request.n_dynamic)
+            requests.append(request)
+    mean = sum(history) / len(history) if history else 0.0
+    typical = min(requests, key=lambda r: abs(r.n_static - mean)) if requests else None
+    return {"label": f"csr tau_mem={tau}", "history_tokens_mean": mean,
+            "dynamic_tokens_mean": sum(dynamic) / len(dynamic) if dynamic else 0.0,
+            "typical_request": typical}
+
+
+def csr_ttft(row: dict, resources, progress, repeats: int = 3) -> float:
+    """CSR's TTFT on its typical question: the static part cached, the question prefilled
+    (median of `repeats`), measured on the primary before the run."""
+    request = row["typical_request"]
+    if request is None:
+        return 0.0
+    resource = resources.primary
+    resource.load(request.static_ids, request.static_text)
+    samples = sorted(resource.query(request, max_new_tokens=1).ttft_s for _ in range(repeats))
+    resource.load((), "")
+    ttft_s = samples[len(samples) // 2]
+    _say(progress, f"{row['label']}: TTFT {ttft_s:.3f} s on a typical question "
+                   f"({request.n_static} tokens cached, {request.n_dynamic} new)")
+    return ttft_s
 
 
 def mean_chunk_tokens(resources, episodes) -> float:
@@ -314,13 +372,17 @@ def prefill_rate(resources, episodes, progress, n_tokens: int = 512) -> float:
             if not o.instant and state.n_static < n_tokens + len(state.prefix_ids):
                 state.add(o.text, source=o.source, stamp_ns=o.stamp_ns)
     resource = resources.primary
-    resource.load(state.prefix_ids, state.prefix_text if resources.mode == "text" else None)
     ids = state.static_ids[len(state.prefix_ids):]
     text = state.static_text[len(state.prefix_text):] if resources.mode == "text" else None
-    result = resource.extend(ids, text)
-    rate = len(ids) / max(result.seconds, 1e-6)
+    seconds = []
+    for _ in range(3):
+        resource.load(state.prefix_ids, state.prefix_text if resources.mode == "text" else None)
+        seconds.append(resource.extend(ids, text).seconds)
+    resource.load((), "")
+    seconds_s = sorted(seconds)[1]
+    rate = len(ids) / max(seconds_s, 1e-6)
     _say(progress, f"prefill rate {rate:.0f} tokens/s "
-                   f"({len(ids)} tokens in {result.seconds:.2f} s)")
+                   f"({len(ids)} tokens after the profile in {seconds_s:.2f} s, median of 3)")
     _rate_cache[key] = rate
     return rate
 
