@@ -315,3 +315,12 @@ def test_an_imu_writes_rates_and_accelerations_only_when_they_say_something():
     assert summarize_imu(imu(roll_x=0.1, gx=0.3)).text == "rpy 11,0,0° gyro 17,0,0°/s"
     no_attitude = imu() | {"orientation_covariance": [-1.0] + [0.0] * 8}
     assert summarize_imu(no_attitude).text == "steady"
+
+
+def test_an_unknown_type_that_comes_rarely_is_an_event_and_one_that_streams_is_bounded():
+    rare = topic_policy("acme_msgs/msg/TaskReport", "/report", rate_hz=0.03, count=18)
+    assert rare.action == "event" and rare.reason.startswith("sporadic (0.03 Hz)")
+    busy = topic_policy("acme_msgs/msg/TaskReport", "/report", rate_hz=5.0, count=3000)
+    assert (busy.action, busy.period_s) == ("state", 15.0)
+    assert topic_policy("sensor_msgs/msg/Image", "/cam", rate_hz=0.01, count=6).action == "state"
+    assert type_policy("acme_msgs/msg/Alarm", "/x").action == "event"

@@ -15,8 +15,10 @@ The rule, in order:
    (the clock, parameter events, RViz markers, costmap cells, raw audio, action feedback, the
    robot model);
 2. an event (every message a chunk) for text, goal status, detections and types or topics that
-   read as events (detection, result, speech, utterance, transcript, outcome, event in the name)
-   unless the topic is a stream (more than `EVENT_MAX_HZ` on average): then only its changes;
+   read as events (detection, result, speech, utterance, transcript, outcome, event, action,
+   alert, alarm in the name) unless the topic is a stream (more than `EVENT_MAX_HZ` on average):
+   then only its changes; an unknown type that comes at most every 20 s on average
+   (`SPORADIC_MAX_HZ`) is an event too (results, alarms);
 3. a state with the type's summary and change filter, its minimum period from `STATE_PERIOD_S`;
 4. any other type: the generic summary, shorter (`UNKNOWN_MAX_CHARS`), at most one chunk per
    `UNKNOWN_PERIOD_S` and a wider deadband (`UNKNOWN_DEADBAND`), so no unknown type can take
@@ -50,7 +52,10 @@ EVENT_TYPES = {
     "vision_msgs/msg/Detection3DArray": "detections",
     "vision_msgs/msg/Classification": "classifications",
 }
-EVENT_WORDS = re.compile(r"detect|result|speech|utter|transcri|outcome|event", re.IGNORECASE)
+EVENT_WORDS = re.compile(r"detect|result|speech|utter|transcri|outcome|event|action|alert|alarm",
+                         re.IGNORECASE)
+SPORADIC_MAX_HZ = 0.05        # an unknown type at most this often on average: its messages are
+                              # occurrences (results, alarms), each one kept
 
 STATE_PERIOD_S = {                    # minimum period of each known state type
     "nav_msgs/msg/Odometry": 0.5,
@@ -172,6 +177,10 @@ def topic_policy(type_name: str, topic: str = "", *, rate_hz: float | None = Non
                  count: int | None = None) -> TopicPolicy:
     """`type_policy`, with an event topic that is really a stream kept to its changes."""
     policy = type_policy(type_name, topic)
+    if policy.action == STATE and type_name not in STATE_PERIOD_S and rate_hz is not None \
+            and rate_hz <= SPORADIC_MAX_HZ:
+        return TopicPolicy(EVENT, max_chars=UNKNOWN_MAX_CHARS,
+                           reason=f"sporadic ({rate_hz:.2f} Hz): every message")
     if policy.action == EVENT and rate_hz is not None and rate_hz > EVENT_MAX_HZ \
             and (count is None or count >= EVENT_MIN_COUNT):
         return TopicPolicy(STATE, period_s=STREAM_PERIOD_S,
