@@ -73,12 +73,19 @@ def test_capacity_is_unknown_until_arrivals_and_a_prefill_were_measured(tokenize
     machine = Reconciliation(new_state(tokenizer, layout), ["r1", "r2"], config())
     capacity = machine.capacity()
     assert capacity.viable is None
-    assert "arrival rate" in capacity.message and "prefill measurement" in capacity.message
+    assert "arrivals over 10 s" in capacity.message and "prefill measurement" in capacity.message
+
+
+def test_a_burst_of_first_chunks_is_no_capacity_verdict(tokenizer, layout):
+    machine = started_machine(tokenizer, layout, load_tokens_per_s=300.0)
+    feed(machine, 8, every_s=0.001)               # every source's first message at once
+    capacity = machine.capacity()
+    assert capacity.viable is None and "seen 0.0 s" in capacity.message
 
 
 def test_capacity_is_known_from_the_start_load_before_any_warm_up_finished(tokenizer, layout):
     machine = started_machine(tokenizer, layout, load_tokens_per_s=2000.0)
-    feed(machine, 10, every_s=1.0)
+    feed(machine, 12, every_s=1.0)
     capacity = machine.capacity()
     assert capacity.viable is True and capacity.headroom_s > 0
     assert capacity.prefill_tokens_per_s == pytest.approx(2000.0, rel=0.01)
@@ -90,7 +97,7 @@ def test_arrival_faster_than_reconciliation_is_said_with_numbers_and_what_to_cha
                                                                                      layout):
     # a slow CPU resource, chunks arriving every 0.2 s
     machine = started_machine(tokenizer, layout, load_tokens_per_s=300.0)
-    feed(machine, 12, every_s=0.2)
+    feed(machine, 60, every_s=0.2)
     capacity = machine.capacity()
     assert capacity.viable is False and capacity.headroom_s < 0
     assert capacity.max_arrival_tokens_per_s < capacity.arrival_tokens_per_s
@@ -107,7 +114,7 @@ def test_arrival_faster_than_reconciliation_is_said_with_numbers_and_what_to_cha
 
 def test_arrival_faster_than_any_prefill_suggests_no_tau_mem(tokenizer, layout):
     machine = started_machine(tokenizer, layout, load_tokens_per_s=60.0)
-    feed(machine, 12, every_s=0.2)
+    feed(machine, 60, every_s=0.2)
     capacity = machine.capacity()
     assert capacity.viable is False and capacity.max_tau_mem_tokens is None
     assert "tau_mem_tokens" not in capacity.message and "faster resources" in capacity.message
@@ -115,7 +122,7 @@ def test_arrival_faster_than_any_prefill_suggests_no_tau_mem(tokenizer, layout):
 
 def test_the_suggested_arrival_limit_is_viable_by_eq_54(tokenizer, layout):
     machine = started_machine(tokenizer, layout, load_tokens_per_s=60.0)
-    feed(machine, 12, every_s=0.2)
+    feed(machine, 60, every_s=0.2)
     c = machine.capacity()
     limit = 2048 - 256
     a = c.max_arrival_tokens_per_s * 0.999

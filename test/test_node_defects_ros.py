@@ -44,10 +44,11 @@ DEAD_URL = "http://127.0.0.1:9"          # discard port: nothing answers
 
 
 def speech_sources(topic: str = "/defects/speech", period_s: float = 0.0,
-                   extra: list | None = None) -> list[Parameter]:
+                   extra: list | None = None, event: bool = False) -> list[Parameter]:
     return [Parameter("sources", Parameter.Type.STRING_ARRAY, ["speech"]),
             Parameter("source.speech.topic", Parameter.Type.STRING, topic),
             Parameter("source.speech.type", Parameter.Type.STRING, "std_msgs/msg/String"),
+            Parameter("source.speech.event", Parameter.Type.BOOL, event),
             Parameter("source.speech.period_s", Parameter.Type.DOUBLE, period_s)] + (extra or [])
 
 
@@ -499,9 +500,9 @@ def test_a_reconciler_joining_after_a_long_history_evicts_at_once_and_reports_ca
     pub = probe.create_publisher(String, "/defects/speech", 10)
     swaps = []
     probe.create_subscription(SwapEvent, "csr/swaps", swaps.append, SWAPS_QOS)
-    graph.add(AggregatorNode(parameter_overrides=speech_sources()))
+    graph.add(AggregatorNode(parameter_overrides=speech_sources(event=True)))
     wait_for(lambda: probe.count_subscribers("/defects/speech") > 0, what="subscription")
-    for i in range(150):
+    for i in range(150):                  # a burst of events: none may be dropped
         pub.publish(String(data=f"the robot passed waypoint {i} in the hallway, battery "
                                 f"{90 - i % 50} percent"))
         time.sleep(0.005)
@@ -520,9 +521,9 @@ def test_a_reconciler_joining_after_a_long_history_evicts_at_once_and_reports_ca
     assert logged(probe, "reconciler", "joined with", "evicted in", level=Log.INFO)
     outcome = reconciler.query("Where is the robot?", max_new_tokens=2)
     assert outcome.ok and outcome.request.n_static < 600
-    for i in range(10):                   # arrivals after the start: the rate becomes known
-        pub.publish(String(data=f"speech: person {i} says hello"))
-        time.sleep(0.2)
+    for i in range(12):                   # arrivals after the start, over more than the
+        pub.publish(String(data=f"speech: person {i} says hello"))   # rate's 10 s half-life
+        time.sleep(1.0)
     status = wait_for(lambda: [s for s in probe.diagnostics if s.name == "csr_ros: reconciler"
                                and ("capacity.viable", "None") not in
                                [(v.key, v.value) for v in s.values]

@@ -40,6 +40,7 @@ from csr_ros.srv import GetChunks
 from csr_ros.state import Chunk, Seq
 
 SOURCE_DEPTH = 10            # per-source subscription queue; the emitter keeps the newest
+EVENT_DEPTH = 1000           # an event source's queue: a burst of events must not be dropped
 MAX_CHUNKS_PER_ANSWER = 2000
 
 
@@ -128,7 +129,7 @@ class AggregatorNode(Node):
 
     def _subscribe(self, source: SourceConfig) -> None:
         choice = self._publisher_qos(source.topic)
-        qos = QoSProfile(depth=SOURCE_DEPTH,
+        qos = QoSProfile(depth=EVENT_DEPTH if source.emission.event else SOURCE_DEPTH,
                          reliability=ReliabilityPolicy.RELIABLE if choice.reliable
                          else ReliabilityPolicy.BEST_EFFORT,
                          durability=DurabilityPolicy.TRANSIENT_LOCAL if choice.transient_local

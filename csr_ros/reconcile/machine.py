@@ -356,9 +356,12 @@ class Reconciliation:
         if cfg.mode != "asr":
             return Capacity(None, arrival, rate, n_evicted, None, None, None, None, None, None,
                             f"{cfg.mode} mode evicts on the primary; eq. 54 does not apply")
-        if not arrival or not rate:
-            missing = " and ".join(w for w, v in (("the arrival rate (chunks)", arrival),
-                                                  ("a prefill measurement", rate)) if not v)
+        span_s = self._arrival.span_s
+        if not arrival or not rate or span_s < cfg.rate_halflife_s:
+            missing = " and ".join(w for w, v in (
+                (f"arrivals over {cfg.rate_halflife_s:g} s (seen {span_s:.1f} s)",
+                 arrival and span_s >= cfg.rate_halflife_s),
+                ("a prefill measurement", rate)) if not v)
             return Capacity(None, arrival, rate, n_evicted, None, None, None, None, None, None,
                             f"capacity not known yet: waiting for {missing}")
         dt_warm = n_evicted / rate
@@ -805,6 +808,11 @@ class _Rate:
         dt = max(0.0, now_s - self._last_s)
         self._tokens = self._tokens * 0.5 ** (dt / self.halflife_s) + n_tokens
         self._last_s = now_s
+
+    @property
+    def span_s(self) -> float:
+        """Time between the first and the newest arrival (0 before two)."""
+        return 0.0 if self._first_s is None else self._last_s - self._first_s
 
     @property
     def value(self) -> float | None:

@@ -4,6 +4,7 @@
     csr-ros replay run1/ --params config/csr_ros.yaml      the aggregator's sources and policy
     csr-ros replay run1/ --params config/csr_ros.yaml --stats --json stats.json
     csr-ros replay run1.bag --jsonl chunks.jsonl --chunk-log chunks.log
+    csr-ros replay run1/ --play --rate 2 --delay 10 --clock    publish it on the ROS graph
 
 rosbag2 (sqlite3, mcap) and ROS 1 bags are read with rosbags (no ROS install needed); custom
 message types are learnt from the bag. Minimum periods, deadbands and keep-alives run on the
@@ -324,6 +325,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-log", type=Path, default=None,
                         help="append the history chunks to this chunk log")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many chunks")
+    parser.add_argument("--play", action="store_true",
+                        help="publish the bag on the ROS graph instead (rclpy; for machines "
+                             "without `ros2 bag play`): --rate, --start-offset, --delay, "
+                             "--clock, --topics")
+    from csr_ros.nodes.player import add_play_arguments
+
+    add_play_arguments(parser)
     parser.add_argument("--stats", action="store_true",
                         help="print per-source chunks, tokens, tokens per robot-second, "
                              "coalesced and suppressed messages (instead of the chunks)")
@@ -481,6 +489,10 @@ def run(args: argparse.Namespace) -> int:
     for path in args.bag:
         if not path.exists():
             raise ConfigError(f"bag {path} does not exist")
+    if args.play:
+        from csr_ros.nodes.player import run_play
+
+        return run_play(args)
     plan = plan_sources(args.bag, args.params, args.topics,
                         only_configured=args.only_configured)
     for note in plan.notes:
