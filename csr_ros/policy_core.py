@@ -542,12 +542,14 @@ class QueryStats:
     reported_prompt_tokens: int = 0
     started_s: float | None = None   # when the node began deciding (monotonic, from the caller)
     decided_s: deque = field(default_factory=lambda: deque(maxlen=10_000))
+    decision_s: deque = field(default_factory=lambda: deque(maxlen=100))  # TTFT + decoding
 
     def record(self, result: QueryResult, version: int, *, ttft_s: float | None = None,
                now_s: float | None = None) -> None:
         """`ttft_s`: when the caller measured it (e.g. including a wait behind other work);
         `now_s`: when the decision was made (monotonic), for the achieved decision rate."""
         self.ttfts_s.append(result.ttft_s if ttft_s is None else ttft_s)
+        self.decision_s.append(self.ttfts_s[-1] + float(result.decode_s or 0.0))
         self.last, self.last_version, self.last_error = result, version, ""
         if now_s is not None:
             self.decided_s.append(now_s)
@@ -566,10 +568,11 @@ class QueryStats:
         return sum(1 for t in self.decided_s if t > now_s - window_s) / window_s
 
     def ttft_percentile_s(self, q: float) -> float | None:
-        if not self.ttfts_s:
-            return None
-        ordered = sorted(self.ttfts_s)
-        return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+        return _percentile(self.ttfts_s, q)
+
+    def decision_percentile_s(self, q: float) -> float | None:
+        """Query start to last token (what bounds the decision rate)."""
+        return _percentile(self.decision_s, q)
 
     def record_error(self, message: str) -> None:
         self.last_error = message
@@ -579,6 +582,13 @@ class QueryStats:
         if not self.reported_prompt_tokens:
             return None
         return self.cached_tokens / self.reported_prompt_tokens
+
+
+def _percentile(values, q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
 @dataclass(frozen=True)
@@ -591,16 +601,25 @@ class Diagnosis:
 RATE_SHORTFALL = 0.8     # achieved below this share of rate_hz: a warning
 
 
-def rate_shortfall(rate: float, rate_hz: float, ttft_p50_s: float | None) -> str:
-    """Why the policy decides slower than asked, and what to change."""
+def rate_shortfall(rate: float, rate_hz: float, ttft_p50_s: float | None,
+                   decision_p50_s: float | None = None) -> str:
+    """Why the policy decides slower than asked, and what to change. A decision takes its TTFT
+    plus the decoding of its answer; a query never starts before the previous one ended."""
     msg = f"{rate:.3g} decisions/s against rate_hz {rate_hz:g}"
-    if ttft_p50_s is not None:
-        msg += (f": TTFT p50 {ttft_p50_s:.2f} s is longer than the period {1 / rate_hz:.2f} s, "
-                f"so ticks are skipped; lower rate_hz to {max(0.01, 0.8 / ttft_p50_s):.2g}, "
-                "or make queries cheaper (fewer max_new_tokens, a smaller tau_mem_tokens, a "
-                "faster resource)")
+    if ttft_p50_s is None:
+        return msg + ": no query has finished yet"
+    took_s = decision_p50_s if decision_p50_s is not None else ttft_p50_s
+    period_s = 1 / rate_hz
+    msg += (f": a decision takes {took_s:.2f} s (p50: TTFT {ttft_p50_s:.2f} s + decoding "
+            f"{max(0.0, took_s - ttft_p50_s):.2f} s)")
+    if took_s > period_s:
+        msg += (f", longer than the period {period_s:.2f} s, so ticks are skipped; lower "
+                f"rate_hz to {max(0.01, 0.8 / took_s):.2g}, or make decisions cheaper (fewer "
+                f"max_new_tokens{', the decoding dominates' if took_s > 2 * ttft_p50_s else ''}"
+                "; a smaller tau_mem_tokens; a faster resource)")
     else:
-        msg += ": no query has finished yet"
+        msg += (", shorter than the period: queries failed or waited (see failed_queries and "
+                "the last error)")
     return msg
 
 
@@ -636,7 +655,8 @@ def diagnose(state: StateFold | Mapping, scheduler: QueryScheduler, stats: Query
         values += [("ttft_s", f"{stats.ttfts_s[-1]:.3f}"),
                    ("ttft_mean_s", f"{statistics.fmean(stats.ttfts_s):.3f}"),
                    ("ttft_p50_s", f"{stats.ttft_percentile_s(50):.3f}"),
-                   ("ttft_p99_s", f"{stats.ttft_percentile_s(99):.3f}")]
+                   ("ttft_p99_s", f"{stats.ttft_percentile_s(99):.3f}"),
+                   ("decision_p50_s", f"{stats.decision_percentile_s(50):.3f}")]
     if stats.cache_hit_ratio is not None:
         values.append(("cache_hit_ratio", f"{stats.cache_hit_ratio:.3f}"))
     if stats.last is not None:
@@ -652,7 +672,8 @@ def diagnose(state: StateFold | Mapping, scheduler: QueryScheduler, stats: Query
                                 f"{scheduler.period_s:.2f} s: ticks are being skipped")
     if rate is not None and rate < RATE_SHORTFALL * scheduler.rate_hz:
         level, message = WARN, rate_shortfall(rate, scheduler.rate_hz,
-                                              stats.ttft_percentile_s(50))
+                                              stats.ttft_percentile_s(50),
+                                              stats.decision_percentile_s(50))
     if capacity and capacity.get("viable") is False:
         level, message = WARN, capacity["message"]
     if view.get("stream_restarts"):

@@ -141,7 +141,20 @@ def test_decisions_per_second_below_rate_hz_is_a_warning_with_ttft_and_what_to_c
     assert float(values["decisions_per_s"]) == pytest.approx(2 / 30, rel=0.01)
     assert values["rate_hz"] == "2" and values["ttft_p50_s"] == "21.000"
     assert d.level == 1 and "decisions/s against rate_hz 2" in d.message
-    assert "TTFT p50 21.00 s" in d.message and "lower rate_hz" in d.message
+    assert "TTFT 21.00 s + decoding 0.50 s" in d.message and "lower rate_hz to 0.037" in d.message
+
+
+def test_a_rate_shortfall_from_decoding_blames_the_decoding_not_the_ttft():
+    scheduler = QueryScheduler(rate_hz=2.0)
+    stats = QueryStats(started_s=0.0)
+    result = QueryResult(text="go", token_ids=(1,) * 48, ttft_s=0.7, decode_s=6.3, n_prompt=900,
+                         n_extended=0, cached_tokens=800, finish_reason="length",
+                         resource="r1")
+    for t in range(7, 35, 7):
+        stats.record(result, 0, now_s=float(t))
+    d = diagnose({"version": 0}, scheduler, stats, now_s=35.0)
+    assert "a decision takes 7.00 s (p50: TTFT 0.70 s + decoding 6.30 s)" in d.message
+    assert "lower rate_hz to 0.11" in d.message and "the decoding dominates" in d.message
 
 
 def test_a_capacity_verdict_that_cannot_keep_up_is_the_policy_diagnostics_message():
@@ -383,3 +396,13 @@ def test_the_replay_launch_passes_topics_offset_and_delay_to_bag_play():
     assert "--topics" not in bag_play_command("/b")
     with pytest.raises(ConfigError, match=r"delay:='soon' must be a number"):
         bag_play_command("/b", delay_s="soon")
+
+
+def test_the_bag_player_scales_bag_time_by_the_rate_after_the_start_offset():
+    from csr_ros.nodes.player import schedule
+
+    times = [10_000_000_000, 10_500_000_000, 12_000_000_000, 14_000_000_000]
+    assert list(schedule(times, rate=2.0)) == [(0, 0.0), (1, 0.25), (2, 1.0), (3, 2.0)]
+    assert list(schedule(times, rate=1.0, start_offset_s=1.5)) == [(2, 0.5), (3, 2.5)]
+    with pytest.raises(ConfigError, match="--rate must be > 0"):
+        list(schedule(times, rate=0.0))

@@ -307,7 +307,8 @@ def test_a_publisher_of_another_type_is_named_with_both_types(graph, probe):
                                     "std_msgs/msg/String"), what="a warning with both types")
     assert len(found) == 1 and "/defects/speech" in found[0].msg
     status = wait_for(lambda: [s for s in probe.diagnostics if s.name == "csr_ros: aggregator"
-                               and s.level == DiagnosticStatus.WARN and "std_msgs/msg/Int32" in s.message],
+                               and s.level == DiagnosticStatus.WARN
+                               and "std_msgs/msg/Int32" in s.message],
                       what="a diagnostics entry")
     assert ("wrong_type.speech", "std_msgs/msg/Int32") in \
         [(v.key, v.value) for v in status[-1].values]

@@ -6,8 +6,10 @@ from __future__ import annotations
 import difflib
 import importlib
 import logging
+import os
 import signal
 import sys
+import threading
 from typing import Any, Callable, Sequence
 
 import rclpy
@@ -262,7 +264,20 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
             rclpy.try_shutdown()
             for sig, old in previous.items():
                 signal.signal(sig, old)
+    if _busy_workers():
+        # A model is still computing on a worker thread (a query or a warm-up that cannot be
+        # interrupted). Tearing the interpreter down under it aborts the process; everything
+        # that must outlive it (chunk logs) was closed above, so leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
+
+
+def _busy_workers() -> list[str]:
+    """The csr_ros worker threads still running after the nodes were closed."""
+    return [t.name for t in threading.enumerate()
+            if t is not threading.current_thread() and t.name.startswith("csr-") and t.is_alive()]
 
 
 def load_tokenizer(params) -> tuple[object, str]:

@@ -401,10 +401,10 @@ class ReconcilerNode(Node):
         (the resource workers are daemon threads), not awaited."""
         if self.driver is not None:
             self.driver.close(timeout_s=1.0)
-        closer = threading.Thread(target=self._close_resources, daemon=True)
+        closer = threading.Thread(target=self._close_resources, name="csr-close", daemon=True)
         closer.start()
         closer.join(2.0)
-        if closer.is_alive():
+        if closer.is_alive() and self.context.ok():
             self.get_logger().info("a model computation is still running; not waiting for it")
         if self.chunk_log is not None:
             self.chunk_log.close()
