@@ -379,8 +379,8 @@ class Reconciliation:
         if viable:
             message = f"reconciliation keeps up (headroom {headroom:.1f} s): {figures}"
         else:
-            change = [f"lower the arrival to <= {max_arrival:.1f} tokens/s (longer "
-                      "source.<name>.period_s on the aggregator)"]
+            change = [f"lower the arrival to <= {max_arrival:.1f} tokens/s (the aggregator's "
+                      "source.<name>.period_s, deadbands, keepalive_s)"]
             if max_tau is not None:
                 change.append(f"lower tau_mem_tokens to <= {max_tau}")
             change.append("evict more per cycle (eviction.fraction, eviction.keep_tokens), a "
