@@ -242,7 +242,7 @@ def test_the_first_message_of_a_new_publisher_process_is_not_lost(graph, probe):
         once = subprocess.run([sys.executable, "-c", PUBLISH_ONCE, f"/defects/once{trial}",
                                f"hello {trial}"], timeout=60, capture_output=True)
         assert once.returncode == 0, once.stderr
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 10.0        # a loaded machine delivers late, not never
         while time.monotonic() < deadline and len(probe.chunks) == before:
             time.sleep(0.05)
         received += [body(c.text) for c in probe.chunks[before:]]
