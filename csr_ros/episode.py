@@ -15,7 +15,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 ROOMS = ("kitchen", "living_room", "hallway", "office", "bedroom", "bathroom", "garage")
@@ -39,6 +39,10 @@ class EpisodeChunk:
     t_s: float          # seconds since the start of the episode
     source: str         # camera | odometry | speech | action
     text: str
+    # the same observation as values, for publishing it as robot messages (the episode
+    # publisher node): camera {room, objects: [(name, x_m, y_m, conf)]}, odometry {x_m, y_m,
+    # yaw_rad, battery_pct, held}, speech {person, said}, action {action, result, room}
+    data: dict = field(default_factory=dict, compare=False)
 
 
 class Episode:
@@ -110,28 +114,34 @@ class Episode:
                 seen = [o for o, (r, _, _) in self.layout.items() if r == room]
                 rng.shuffle(seen)
                 extra = rng.sample(OBJECTS, k=max(0, self.detail - len(seen)))
-                parts = []
+                parts, objects = [], []
                 for obj in (seen + extra)[:self.detail]:
                     _, ox, oy = self.layout[obj]
-                    parts.append(f"{obj} at ({ox + rng.uniform(-0.05, 0.05):.2f}, "
-                                 f"{oy + rng.uniform(-0.05, 0.05):.2f}) conf "
-                                 f"{rng.uniform(0.6, 0.99):.2f}")
+                    dx, dy = rng.uniform(-0.05, 0.05), rng.uniform(-0.05, 0.05)
+                    conf = rng.uniform(0.6, 0.99)
+                    objects.append((obj, round(ox + dx, 2), round(oy + dy, 2), round(conf, 2)))
+                    parts.append(f"{obj} at ({ox + dx:.2f}, {oy + dy:.2f}) conf {conf:.2f}")
                 text = f"[t={t_s:.1f}s camera] room {room}; " + "; ".join(parts)
                 source = "camera"
+                data = {"room": room, "objects": objects}
             elif kind == 1:
                 x += rng.uniform(-0.5, 0.5)
                 y += rng.uniform(-0.5, 0.5)
                 battery = max(5.0, battery - rng.uniform(0.0, 0.3))
+                yaw = rng.uniform(-3.14, 3.14)
                 text = (f"[t={t_s:.1f}s odometry] pose x={x:.2f} y={y:.2f} "
-                        f"yaw={rng.uniform(-3.14, 3.14):.2f} battery {battery:.1f}% "
+                        f"yaw={yaw:.2f} battery {battery:.1f}% "
                         f"held {held or 'nothing'}")
                 source = "odometry"
+                data = {"x_m": x, "y_m": y, "yaw_rad": yaw, "battery_pct": battery,
+                        "held": held}
             elif kind == 2:
                 person = rng.choice(PEOPLE)
                 said = rng.choice(UTTERANCES).format(obj=goal_obj.replace("_", " "),
                                                      room=goal_room.replace("_", " "))
                 text = f"[t={t_s:.1f}s speech] {person} says: \"{said}\""
                 source = "speech"
+                data = {"person": person, "said": said}
             else:
                 action, result, target = self._act(rng, room, goal_room, goal_obj, held)
                 if action.startswith("go_to") and result == "succeeded":
@@ -144,7 +154,8 @@ class Episode:
                     goal_room, goal_obj = rng.choice(ROOMS), rng.choice(OBJECTS)
                 text = f"[t={t_s:.1f}s action] {action} -> {result}; now in {room}"
                 source = "action"
-            yield EpisodeChunk(t_s=t_s, source=source, text=text)
+                data = {"action": action, "result": result, "room": room}
+            yield EpisodeChunk(t_s=t_s, source=source, text=text, data=data)
             i += 1
 
     def _act(self, rng: random.Random, room: str, goal_room: str, goal_obj: str,

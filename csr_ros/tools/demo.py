@@ -104,6 +104,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                   "prompt mode, ids or text, come from the servers)")
     res.add_argument("--warm-timeout-s", type=float, default=None,
                      help="kill and retry a warm-up or catch-up step that takes longer")
+    graph = parser.add_argument_group("ROS 2 graph")
+    graph.add_argument("--ros", action="store_true",
+                       help="run the episode through real ROS 2 topics: an episode publisher, "
+                            "the aggregator and all_in_one, each in its own process; the "
+                            "report comes from what is observed on csr/decisions and csr/swaps")
+    graph.add_argument("--ros-domain-id", type=int, default=None,
+                       help="--ros: the ROS domain (default: a free random one, localhost only)")
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, help="write the summary as JSON")
     out.add_argument("--plot", type=Path, help="write TTFT over time and its distribution (PNG)")
@@ -116,7 +123,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    summary = run_demo(args)
+    if args.ros:
+        from csr_ros.nodes.ros_demo import run_ros_demo   # needs rclpy and the interfaces
+
+        summary = run_ros_demo(args)
+    else:
+        summary = run_demo(args)
     print(format_report(summary))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")

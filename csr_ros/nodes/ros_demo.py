@@ -1,0 +1,357 @@
+"""`csr-ros demo --ros`: the synthetic episode through a real ROS 2 graph.
+
+    episode_publisher ──/odom /scan /battery_state /detections /speech/text /action_result──▶
+    aggregator ──csr/chunks──▶ all_in_one (reconciler: ASR over two in-process engines,
+                                           policy: decisions at rate_hz)
+    this process (observer) ◀── csr/chunks, csr/decisions, csr/swaps, /diagnostics
+
+Each node runs in its own process, started as `python -m csr_ros.nodes.<node> --ros-args
+--params-file <generated file>` (the file is kept next to the JSON, or in a temporary folder).
+The report, JSON and plot are those of `csr-ros demo`, computed only from what this process
+observed on the topics: decisions (TTFT, actions, last_seq), swap events (cycles, windows) and
+the chunk stream (seqs: nothing lost, nothing twice).
+
+Unless --ros-domain-id is given, the run uses a free random ROS domain and localhost-only
+discovery: fake odometry must never reach a real robot's graph.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.context import Context
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+
+from csr_ros.actions import Vocabulary
+from csr_ros.episode import Episode
+from csr_ros.errors import ConfigError, CsrError
+from csr_ros.msg import PolicyDecision, StateChunk, SwapEvent
+from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, time_ns
+
+ROOT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "csr_ros.yaml"
+CYCLE_REASONS = ("swap", "sync", "fallback")
+
+
+def free_ros_domain() -> int:
+    """A random ROS domain no DDS participant on this machine uses (Fast DDS's first
+    participant of domain d holds UDP port 7410 + 250 d)."""
+    rng = random.SystemRandom()
+    for _ in range(100):
+        domain = rng.randint(1, 232)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            try:
+                sock.bind(("", 7410 + 250 * domain))
+            except OSError:
+                continue
+        return domain
+    raise CsrError("no free ROS domain on this machine")
+
+
+def graph_params(args, episode: Episode) -> dict:
+    """The parameters of the four nodes, from the demo's arguments."""
+    Vocabulary.parse(episode.action_specs)          # fails here, not in a node, if bad
+    # the action list and its syntax are appended by the nodes (actions.in_profile)
+    profile = episode.typed_profile("").replace("\n\n", "\n")
+    shared = {"model": args.model, "context_tokens": args.max_context_tokens,
+              "profile": profile, "actions": {"vocabulary": list(episode.action_specs)},
+              "resource": {"kind": "local", "threads": args.threads}}
+    aggregator = yaml.safe_load(ROOT_CONFIG.read_text())["/**/aggregator"]["ros__parameters"]
+    # vision_msgs is not among the PyPI wheels: the episode publishes detections as text
+    aggregator["source"]["detections"] = {"topic": "/detections", "type": "std_msgs/msg/String",
+                                          "event": True}
+    seen = [f"{name}={pattern}" for name, pattern in episode.seen_patterns.items()]
+    return json.loads(json.dumps({     # plain data, no YAML aliases
+        "/**/aggregator": {"ros__parameters": aggregator},
+        "/**/reconciler": {"ros__parameters": shared | {
+            "tau_mem_tokens": args.tau_mem, "n_catchup_tokens": args.n_catchup,
+            "reserve_tokens": args.reserve_tokens,
+            "eviction": {"policy": "oldest_fraction", "fraction": args.eviction_fraction}}},
+        "/**/policy": {"ros__parameters": shared | {
+            "rate_hz": args.rate_hz, "max_new_tokens": args.max_new_tokens,
+            "task": episode.typed_task(),
+            "actions": shared["actions"] | {"mode": args.actions, "seen": seen}}},
+        "/**/episode_publisher": {"ros__parameters": {
+            "seed": args.seed, "chunk_rate_hz": args.chunk_rate_hz, "detail": args.detail}},
+    }))
+
+
+@dataclass
+class Observed:
+    chunks: list[StateChunk] = field(default_factory=list)
+    decisions: list[PolicyDecision] = field(default_factory=list)
+    swaps: list[SwapEvent] = field(default_factory=list)
+    reconciler: dict[str, str] = field(default_factory=dict)    # latest /diagnostics values
+    policy: dict[str, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _Observer(Node):
+    def __init__(self, seen: Observed, context: Context):
+        super().__init__("csr_ros_demo_observer", context=context)
+        self.seen = seen
+        self.create_subscription(StateChunk, "csr/chunks", self._append("chunks"), CHUNKS_QOS)
+        self.create_subscription(PolicyDecision, "csr/decisions", self._append("decisions"),
+                                 DECISIONS_QOS)
+        self.create_subscription(SwapEvent, "csr/swaps", self._append("swaps"), SWAPS_QOS)
+        self.create_subscription(DiagnosticArray, "/diagnostics", self._diagnostics,
+                                 DIAGNOSTICS_QOS)
+
+    def _append(self, name: str):
+        def callback(msg):
+            with self.seen.lock:
+                getattr(self.seen, name).append(msg)
+        return callback
+
+    def _diagnostics(self, msg: DiagnosticArray) -> None:
+        for status in msg.status:
+            for node in ("reconciler", "policy"):
+                if status.name == f"csr_ros: {node}":
+                    with self.seen.lock:
+                        setattr(self.seen, node, {kv.key: kv.value for kv in status.values})
+
+
+def run_ros_demo(args) -> dict:
+    if args.baseline != "none" or args.resource != "local":
+        raise ConfigError("--ros runs ASR on two in-process resources (all_in_one); "
+                          "--baseline and --resource openai are for the in-process demo")
+    if args.cycles < 1 and args.duration_s is None:
+        raise ConfigError("give --cycles >= 1 or --duration-s")
+    episode = Episode(args.seed, chunk_rate_hz=args.chunk_rate_hz, detail=args.detail)
+    workdir = Path(tempfile.mkdtemp(prefix="csr_ros_demo_"))
+    params_file = workdir / "params.yaml"
+    params_file.write_text(yaml.safe_dump(graph_params(args, episode), sort_keys=False))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if args.ros_domain_id is None:
+        env["ROS_DOMAIN_ID"] = str(free_ros_domain())
+        env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    else:
+        env["ROS_DOMAIN_ID"] = str(args.ros_domain_id)
+    # this process joins the same graph (rclpy reads the domain when its context starts)
+    os.environ["ROS_DOMAIN_ID"] = env["ROS_DOMAIN_ID"]
+    if "ROS_AUTOMATIC_DISCOVERY_RANGE" in env:
+        os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = env["ROS_AUTOMATIC_DISCOVERY_RANGE"]
+    print(f"ROS graph in domain {env['ROS_DOMAIN_ID']}; parameters and node logs in {workdir}",
+          file=sys.stderr)
+
+    import rclpy
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt      # leave through `finally`: the node processes are stopped
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    context = Context()
+    rclpy.init(context=context)
+    seen = Observed()
+    executor = SingleThreadedExecutor(context=context)
+    observer = _Observer(seen, context)
+    executor.add_node(observer)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    procs: dict[str, subprocess.Popen] = {}
+    logs = []
+
+    def start(node: str) -> None:
+        log = open(workdir / f"{node}.log", "w", encoding="utf-8")
+        logs.append(log)
+        procs[node] = subprocess.Popen(
+            [sys.executable, "-m", f"csr_ros.nodes.{node}", "--ros-args", "--params-file",
+             str(params_file)], env=env, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT)
+
+    started_wall_s = time.time()
+    stopped_early = ""
+    try:
+        start("aggregator")
+        start("all_in_one")
+        # the publisher starts its clock once the aggregator listens to all its topics
+        deadline = time.monotonic() + 900
+        while not seen.swaps:                       # the reconciler's 'start' event
+            _check_alive(procs, workdir)
+            if time.monotonic() > deadline:
+                raise CsrError(f"all_in_one did not start within 900 s; see {workdir}")
+            time.sleep(0.2)
+        start("episode_publisher")
+        started_wall_s = time.time()
+        stopped_early = _wait_until_done(args, seen, procs, workdir, started_wall_s)
+        # the robot stops; the policy then decides over everything that arrived
+        procs["episode_publisher"].send_signal(signal.SIGTERM)
+        procs["episode_publisher"].wait(timeout=20)
+        drain_until = time.monotonic() + 30.0
+        while time.monotonic() < drain_until:
+            with seen.lock:
+                newest = max((int(c.seq) for c in seen.chunks), default=-1)
+                if any(int(d.last_seq) == newest for d in seen.decisions[-3:]):
+                    break
+            time.sleep(0.2)
+    finally:
+        for node in ("episode_publisher", "aggregator", "all_in_one"):
+            proc = procs.get(node)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for node, proc in procs.items():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in logs:
+            log.close()
+        time.sleep(0.2)
+        executor.shutdown()
+        spinner.join(timeout=5)
+        observer.destroy_node()
+        rclpy.try_shutdown(context=context)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    exit_codes = {node: proc.returncode for node, proc in procs.items()}
+    with seen.lock:
+        summary = summarize(args, seen, started_wall_s, time.time())
+    summary["exit_codes"] = exit_codes
+    summary["logs"] = str(workdir)
+    if stopped_early:
+        summary["stopped_early"] = stopped_early
+    return summary
+
+
+def _check_alive(procs: dict[str, subprocess.Popen], workdir: Path) -> None:
+    for node, proc in procs.items():
+        if proc.poll() is not None:
+            tail = (workdir / f"{node}.log").read_text(errors="replace")[-2000:]
+            raise CsrError(f"{node} exited with {proc.returncode}:\n{tail}")
+
+
+def _wait_until_done(args, seen: Observed, procs, workdir: Path, started_wall_s: float) -> str:
+    tty = sys.stderr.isatty()
+    last_print_s = 0.0
+    cycles_done_at = None
+    while True:
+        time.sleep(0.25)
+        _check_alive(procs, workdir)
+        with seen.lock:
+            cycles = sum(s.reason in CYCLE_REASONS for s in seen.swaps)
+            n_decisions, n_chunks = len(seen.decisions), len(seen.chunks)
+            last = seen.decisions[-1] if seen.decisions else None
+            version = seen.swaps[-1].version if seen.swaps else -1
+        elapsed_s = time.time() - started_wall_s
+        if args.duration_s is not None and elapsed_s >= args.duration_s:
+            return ""
+        if cycles >= args.cycles > 0:
+            cycles_done_at = n_decisions if cycles_done_at is None else cycles_done_at
+            if n_decisions - cycles_done_at >= 3:       # a few decisions on the last version
+                return ""
+        if not args.no_progress:
+            line = (f"{elapsed_s:6.1f}s chunks {n_chunks:4d} decisions {n_decisions:4d} v{version}"
+                    f" cycles {cycles} ttft "
+                    f"{'-' if last is None else f'{last.ttft_s:.3f}s'}")
+            if tty:
+                print("\r" + line.ljust(100), end="", file=sys.stderr, flush=True)
+            elif time.monotonic() - last_print_s >= 10.0:
+                print(line, file=sys.stderr, flush=True)
+                last_print_s = time.monotonic()
+
+
+def _int(text: str) -> int:
+    return int(text) if str(text).isdigit() else 0
+
+
+def summarize(args, seen: Observed, started_wall_s: float, ended_wall_s: float) -> dict:
+    """The `csr-ros demo` summary, from the observed topics only."""
+    from csr_ros.tools.demo import percentile
+
+    def rel(stamp) -> float:
+        return time_ns(stamp) / 1e9 - started_wall_s
+
+    decisions = [d for d in seen.decisions if rel(d.stamp) >= -1.0]
+    events = [s for s in seen.swaps]
+    cycle_events = [s for s in events if s.reason in CYCLE_REASONS]
+    windows = [(rel(s.stamp) - s.window_s, rel(s.stamp)) for s in cycle_events
+               if s.window_s > 0]
+
+    def inside(t_s: float) -> bool:
+        return any(a <= t_s <= b for a, b in windows)
+
+    seqs = [int(c.seq) for c in seen.chunks]
+    streams = {c.stream for c in seen.chunks}
+    expected = set(range(min(seqs), max(seqs) + 1)) if seqs else set()
+    missing = sorted(expected - set(seqs))
+    twice = len(seqs) - len(set(seqs))
+    reconciler_lost = sum(_int(v) for k, v in seen.reconciler.items() if "lost" in k)
+    evicted = max((int(s.evicted_before_seq) for s in events), default=0)
+    final_seq = max(seqs) if seqs else -1
+    caught_up = bool(decisions) and max(int(d.last_seq) for d in decisions) == final_seq
+    ttfts = [float(d.ttft_s) for d in decisions]
+    ttft_in = [float(d.ttft_s) for d in decisions if inside(rel(d.stamp))]
+    ttft_out = [float(d.ttft_s) for d in decisions if not inside(rel(d.stamp))]
+    latencies = [float(d.decision_s) if d.decision_s > 0 else float(d.ttft_s + d.decode_s)
+                 for d in decisions]
+    duration_s = ended_wall_s - started_wall_s
+
+    def stats(values, tag=""):
+        return {f"n{tag}": len(values),
+                f"mean{tag}_s": sum(values) / len(values) if values else None,
+                f"p50{tag}_s": percentile(values, 50), f"p99{tag}_s": percentile(values, 99),
+                f"max{tag}_s": max(values) if values else None}
+
+    chosen: dict[str, int] = {}
+    for d in decisions:
+        if d.valid:
+            chosen[d.action_name] = chosen.get(d.action_name, 0) + 1
+    invalid: dict[str, int] = {}
+    for d in decisions:
+        if not d.valid:
+            kind = "incomplete" if d.error.startswith("incomplete") else "unparsable"
+            invalid[kind] = invalid.get(kind, 0) + 1
+    return {
+        "mode": "asr, ROS 2 graph", "seed": args.seed, "model": args.model,
+        "resource": "local", "tau_mem_tokens": args.tau_mem,
+        "chunk_rate_hz": args.chunk_rate_hz, "rate_hz": args.rate_hz,
+        "max_context_tokens": args.max_context_tokens, "n_catchup_tokens": args.n_catchup,
+        "duration_s": round(duration_s, 3),
+        "cycles": len(cycle_events), "swaps": sum(s.reason == "swap" for s in events),
+        "sync_evictions": sum(s.reason == "sync" for s in events),
+        "fallbacks": sum(s.reason == "fallback" for s in events),
+        "retries": _int(seen.reconciler.get("retries", "0")),
+        "failovers": sum(s.reason == "failover" for s in events),
+        "chunks_in": len(seqs), "chunk_streams": len(streams),
+        "chunks_lost": len(missing) + twice + reconciler_lost,
+        "chunks_missing_on_topic": missing, "chunks_duplicated": twice,
+        "chunks_lost_by_reconciler": reconciler_lost,
+        "chunks_active": max(0, final_seq + 1 - evicted), "chunks_evicted": evicted,
+        "final_version": events[-1].version if events else None,
+        "state_consistent": caught_up and not missing and twice == 0,
+        "queries": len(decisions), "failed_queries": None, "skipped_ticks": None,
+        "decisions": len(decisions), "actions_mode": args.actions,
+        "valid_actions": sum(bool(d.valid) for d in decisions),
+        "invalid_actions": sum(not d.valid for d in decisions), "invalid_reasons": invalid,
+        "constrained_decisions": sum(bool(d.constrained) for d in decisions),
+        "decisions_per_s": len(decisions) / duration_s if duration_s > 0 else None,
+        "decision_latency": {"p50_s": percentile(latencies, 50),
+                             "p99_s": percentile(latencies, 99),
+                             "max_s": max(latencies) if latencies else None,
+                             "mean_s": sum(latencies) / len(latencies) if latencies else None},
+        "mask_s_per_token": None,
+        "actions_chosen": dict(sorted(chosen.items(), key=lambda kv: -kv[1])),
+        "ttft": {**stats(ttfts), **stats(ttft_in, "_inside"), **stats(ttft_out, "_outside")},
+        "samples": [{"t_s": round(rel(d.stamp), 4), "ttft_s": round(float(d.ttft_s), 5),
+                     "inside": inside(rel(d.stamp)), "version": int(d.version),
+                     "n_static": int(d.static_tokens), "resource": d.resource}
+                    for d in decisions],
+        "windows": [[round(a, 3), round(b, 3)] for a, b in windows],
+        "timeline": [{"t_s": round(rel(s.stamp), 3), "kind": s.reason, "version": int(s.version),
+                      "detail": f"chunks from seq {s.evicted_before_seq} on {s.primary}"}
+                     for s in events],
+    }
