@@ -25,14 +25,18 @@ if [[ -f $out/stamp && $(cat $out/stamp) == "$stamp" ]]; then
   exit 0
 fi
 rm -rf "$out"
-mkdir -p "$out"
+mkdir -p "$out/src"
 touch "$out/COLCON_IGNORE"          # a colcon build of the repository must not crawl into it
+# CMake configures a copy of the package's build inputs: a venv inside the repository
+# (.venv) would otherwise put the numpy include directory "inside the source directory",
+# which CMake refuses in the exported targets of the generated package.
+cp -r CMakeLists.txt package.xml msg srv "$out/src/"
 export AMENT_PREFIX_PATH="$prefix"  # ament looks up the installed type supports through it
 jobs=$(( $(nproc) < 2 ? 1 : 2 ))
 echo "building the csr_ros interfaces into $out (about 40 s on 2 cores)" >&2
 # RPATH $ORIGIN: the libraries and Python extension modules find each other without
 # LD_LIBRARY_PATH (lib/ and lib/pythonX.Y/site-packages/csr_ros/ are three levels apart).
-cmake -S . -B "$out/cmake" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF \
+cmake -S "$out/src" -B "$out/cmake" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF \
   -DCSR_ROS_INTERFACES_ONLY=ON -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_INSTALL_PREFIX="$PWD/$out/install" -DPython3_EXECUTABLE="$("$python" -c 'import sys; print(sys.executable)')" \
   -DCMAKE_INSTALL_RPATH='$ORIGIN;$ORIGIN/../../..' > "$out/cmake.log" 2>&1 \
