@@ -9,7 +9,12 @@ Row schema (one dict per row, JSON-ready):
                                  (attached: pointer move), restore_copy_*_s (K/V copied in),
                                  capsule_kv_bytes
     method "prefill":            resource, n, method, seconds, tokens_per_s (the cold prefill of
-                                 the static part), decode_tokens_per_s (greedy decode on it)
+                                 the static part), decode_tokens_per_s (median greedy decode
+                                 speed on it), decode_samples_tokens_per_s
+
+Summary "side_by_side" (two or more resources; the first is "local" where present): one entry per
+figure and cell with each resource's value and first/other ratios:
+    decode_tokens_per_s (n), csr_ttft_s (n, m), prefill_tokens_per_s (n), unordered_over_csr (n, m)
 """
 
 from __future__ import annotations
@@ -47,10 +52,16 @@ def capsule_row(resource: str, n: int, snapshot_s: Sequence[float], restore_s: S
 
 
 def prefill_row(resource: str, n: int, seconds: float,
-                decode_tokens_per_s: float | None = None) -> dict:
+                decode_tokens_per_s: float | Sequence[float] | None = None) -> dict:
+    """`decode_tokens_per_s`: one rate or repeated samples (the median is reported)."""
+    if decode_tokens_per_s is None or isinstance(decode_tokens_per_s, (int, float)):
+        samples = [] if decode_tokens_per_s is None else [float(decode_tokens_per_s)]
+    else:
+        samples = [float(r) for r in decode_tokens_per_s]
     return {"resource": resource, "n": n, "method": "prefill", "seconds": seconds,
             "tokens_per_s": n / seconds if seconds > 0 else None,
-            "decode_tokens_per_s": decode_tokens_per_s}
+            "decode_tokens_per_s": statistics.median(samples) if samples else None,
+            "decode_samples_tokens_per_s": samples}
 
 
 def summarize(rows: Iterable[dict]) -> dict:
@@ -86,7 +97,41 @@ def summarize(rows: Iterable[dict]) -> dict:
                            "n_to": capsules[-1]["n"],
                            "restore_growth": capsules[-1]["restore_median_s"]
                            / capsules[0]["restore_median_s"]})
-    return {"speedups": speedups, "between_resources": between, "capsule_restore_growth": growth}
+    return {"speedups": speedups, "between_resources": between, "capsule_restore_growth": growth,
+            "side_by_side": side_by_side(rows, speedups)}
+
+
+def side_by_side(rows: Sequence[dict], speedups: Sequence[dict]) -> list[dict]:
+    """Every headline figure per cell, one value per resource, and first/other ratios."""
+    resources = sorted({r["resource"] for r in rows}, key=lambda name: (name != "local", name))
+    if len(resources) < 2:
+        return []
+    first, others = resources[0], resources[1:]
+    figures: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        if r["method"] == "prefill":
+            for figure, key in (("decode_tokens_per_s", "decode_tokens_per_s"),
+                                ("prefill_tokens_per_s", "tokens_per_s")):
+                if r.get(key) is not None:
+                    figures.setdefault((figure, r["n"], None), {})[r["resource"]] = r[key]
+        elif r["method"] == "csr":
+            figures.setdefault(("csr_ttft_s", r["n"], r["m"]), {})[r["resource"]] = (
+                r["ttft_median_s"])
+    for s in speedups:
+        figures.setdefault(("unordered_over_csr", s["n"], s["m"]), {})[s["resource"]] = (
+            s["unordered_over_csr"])
+    out = []
+    for (figure, n, m), values in sorted(figures.items(), key=lambda kv: (
+            _FIGURE_ORDER.index(kv[0][0]), kv[0][1], kv[0][2] or 0)):
+        entry = {"figure": figure, "n": n, "m": m, "values": values}
+        for other in others:
+            if values.get(first) is not None and values.get(other):
+                entry[f"{first}_over_{other}"] = values[first] / values[other]
+        out.append(entry)
+    return out
+
+
+_FIGURE_ORDER = ("decode_tokens_per_s", "csr_ttft_s", "prefill_tokens_per_s", "unordered_over_csr")
 
 
 def format_table(rows: Sequence[dict], summary: dict) -> str:
@@ -120,6 +165,20 @@ def format_table(rows: Sequence[dict], summary: dict) -> str:
             lines.append(f"{r['resource']:<10} {r['n']:>6}  {_cell(r, 'snapshot', 1e3):<22}"
                          f"{_cell(r, 'restore', 1e3):<22}{_cell(r, 'restore_copy', 1e3):<22}"
                          f"{r['capsule_kv_bytes'] / 2**20:>8.1f}")
+    pairs = summary.get("side_by_side") or ()
+    if pairs:
+        names = sorted({name for p in pairs for name in p["values"]},
+                       key=lambda name: (name != "local", name))
+        ratio_keys = [f"{names[0]}_over_{other}" for other in names[1:]]
+        lines.append("")
+        lines.append(f"{'side by side':<22}{'N':>6}{'M':>5}"
+                     + "".join(f"{name:>12}" for name in names)
+                     + "".join(f"{key.replace('_over_', '/'):>16}" for key in ratio_keys))
+        for p in pairs:
+            cells = "".join(f"{_num(p['values'].get(name)):>12}" for name in names)
+            ratios = "".join(f"{_num(p.get(key), 2):>16}" for key in ratio_keys)
+            lines.append(f"{p['figure']:<22}{p['n']:>6}{'-' if p['m'] is None else p['m']:>5}"
+                         f"{cells}{ratios}")
     for g in summary.get("capsule_restore_growth", ()):
         lines.append(f"capsule restore {g['resource']}: N={g['n_to']} takes "
                      f"{g['restore_growth']:.2f}x the time at N={g['n_from']}")
@@ -127,6 +186,14 @@ def format_table(rows: Sequence[dict], summary: dict) -> str:
         lines.append(f"{b['method']} TTFT at N={b['n']}, M={b['m']}: "
                      f"{b['numerator']} / {b['denominator']} = {b['ratio']:.2f}")
     return "\n".join(lines)
+
+
+def _num(value: float | None, digits: int | None = None) -> str:
+    if value is None:
+        return "-"
+    if digits is None:
+        digits = 3 if abs(value) < 10 else 1
+    return f"{value:.{digits}f}"
 
 
 def _cell(row: dict | None, prefix: str, scale: float = 1.0) -> str:

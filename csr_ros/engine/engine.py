@@ -26,6 +26,7 @@ from typing import Iterator, Protocol, Sequence
 import torch
 
 from csr_ros.engine import attention as attention_sdpa_gqa
+from csr_ros.engine import lean, precision
 from csr_ros.engine.cache import BufferCache
 from csr_ros.engine.capsule import Capsule, mismatch_message
 from csr_ros.errors import CapsuleError, CapsuleMismatchError, ConfigError, ContextOverflowError
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
 ATTENTION_KINDS = ("sdpa_gqa", "sdpa")
+FORWARD_KINDS = ("auto", "lean", "transformers")
+DECODE_WEIGHTS = ("auto",) + lean.WEIGHT_FORMATS
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -70,16 +73,35 @@ class LocalEngine:
     def __init__(self, model="smollm2", *, device: str = "cpu", dtype=None,
                  threads: int | None = None, max_context_tokens: int | None = None,
                  prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
-                 fingerprint: str | None = None, tokenizer=None, attention: str = "sdpa_gqa"):
+                 fingerprint: str | None = None, tokenizer=None, attention: str = "sdpa_gqa",
+                 forward: str = "auto", decode_weights: str = "auto"):
         """`model`: 'smollm2', a local Hugging Face model directory, or a loaded
         `PreTrainedModel` (then `fingerprint` defaults to a hash of its config and weights; the
         model is moved to `device` and `dtype` in place).
 
-        `attention`: "sdpa_gqa" (SDPA reading grouped K/V heads in place, the default) or "sdpa"
-        (transformers' own, which copies K/V per query head when a mask is needed).
+        `dtype`: None (float32 on CPU, the exact reference; bfloat16 on CUDA), "float32",
+        "bfloat16", "float16", or "auto": the fastest setting this machine offers (see
+        `csr_ros.engine.precision`), bfloat16 with int4 decode weights on a CPU with native bf16.
+
+        `forward`: "lean" (a llama forward with few ops per token, `csr_ros.engine.lean`),
+        "transformers" (the model's own forward, the reference), or "auto": lean where the
+        architecture allows it.
+
+        `decode_weights`: weights of single-token decode steps in the lean forward: "float"
+        (the model's own), "int8" or "int4" (weight-only copies, bf16 activations, CPU), or
+        "auto" (int4 when `dtype="auto"` chose bf16 on a CPU, else float).
+
+        `attention`: for the transformers forward: "sdpa_gqa" (SDPA reading grouped K/V heads in
+        place, the default) or "sdpa" (transformers' own, which copies K/V per query head when a
+        mask is needed).
         """
         if attention not in ATTENTION_KINDS:
             raise ConfigError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
+        if forward not in FORWARD_KINDS:
+            raise ConfigError(f"forward must be one of {FORWARD_KINDS}, got {forward!r}")
+        if decode_weights not in DECODE_WEIGHTS:
+            msg = f"decode_weights must be one of {DECODE_WEIGHTS}, got {decode_weights!r}"
+            raise ConfigError(msg)
         if threads is not None:
             if int(threads) < 1:
                 raise ConfigError(f"threads must be >= 1, got {threads}")
@@ -88,6 +110,12 @@ class LocalEngine:
             raise ConfigError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
         self.device = torch.device(device)
         self.model_dir: Path | None = None
+        weights_auto = decode_weights == "auto"
+        if isinstance(dtype, str) and dtype == "auto":
+            dtype, auto_weights = precision.choose(self.device)
+            decode_weights = auto_weights if weights_auto else decode_weights
+        elif weights_auto:
+            decode_weights = "float"
         if isinstance(model, (str, Path)):
             from transformers import AutoModelForCausalLM
 
@@ -97,7 +125,11 @@ class LocalEngine:
             self.model_dir = resolve_model_dir(str(model))
             self.dtype = _resolve_dtype(dtype, self.device)
             started = time.perf_counter()
-            net = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=self.dtype,
+            # Load as stored (fp32 for the embedded model) and cast afterwards: quantized decode
+            # weights are made from the stored weights, not from a bf16 rounding of them.
+            load_dtype = (torch.float32 if decode_weights != "float" or self.device.type == "cpu"
+                          else self.dtype)
+            net = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=load_dtype,
                                                        attn_implementation="sdpa")
             log.info("loaded %s in %.1f s", self.model_dir, time.perf_counter() - started)
             self.tokenizer = tokenizer or HFTokenizer(self.model_dir)
@@ -110,7 +142,6 @@ class LocalEngine:
         kind = attention_sdpa_gqa.register() if attention == "sdpa_gqa" else "sdpa"
         net.set_attn_implementation(kind)
         self.attention = attention
-        self.model = net.to(device=self.device, dtype=self.dtype).eval()
         self.config = net.config
         limit = getattr(self.config, "max_position_embeddings", None)
         if max_context_tokens is None and limit is None:
@@ -124,11 +155,33 @@ class LocalEngine:
         if self.max_context_tokens < 1:
             raise ConfigError(f"max_context_tokens must be >= 1, got {self.max_context_tokens}")
         self.prefill_chunk_tokens = int(prefill_chunk_tokens)
+        reason = lean.unsupported_reason(net)
+        if weights_auto and (reason is not None or forward == "transformers"):
+            decode_weights = "float"
+        if forward == "lean" and reason is not None:
+            raise ConfigError(f"forward='lean' does not run this model: {reason}")
+        if decode_weights != "float" and (reason is not None or forward == "transformers"):
+            msg = (f"decode_weights={decode_weights!r} needs the lean forward "
+                   f"({reason or 'forward=transformers was asked for'})")
+            raise ConfigError(msg)
+        self.forward_kind = "lean" if forward != "transformers" and reason is None else "transformers"
+        self.decode_weights = decode_weights
+        self.model = net.to(device=self.device).eval()
+        with torch.inference_mode():
+            # Built before the cast to `dtype`: quantized copies come from the loaded weights.
+            self._lean = (lean.LeanLlama(net, max_len=self.max_context_tokens, device=self.device,
+                                         dtype=self.dtype, step_weights=decode_weights)
+                          if self.forward_kind == "lean" else None)
+        self.model = net.to(dtype=self.dtype)
+        # What capsules must agree on besides the model: K/V dtype and the decode weights.
+        self.precision = str(self.dtype) + ("" if decode_weights == "float"
+                                            else f"+{decode_weights}-decode")
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.eos_ids = _eos_ids(self.tokenizer, self.config)
         with torch.inference_mode():
             self.cache = BufferCache(self.config, max_len=self.max_context_tokens,
                                      dtype=self.dtype, device=self.device)
+        self._buffers = lean.LeanLlama.buffers(self.cache) if self._lean is not None else None
         self._ids: list[int] = []
         self._last_logits: torch.Tensor | None = None    # [V] float32, logits after the last token
 
@@ -312,12 +365,18 @@ class LocalEngine:
     def _forward(self, ids: list[int]) -> torch.Tensor:
         """Prefill `ids` at the cache position in blocks; the logits after the last one, [V] fp32.
 
-        Only the last position goes through lm_head (logits_to_keep=1).
+        Only the last position goes through lm_head (logits_to_keep=1 / the lean forward).
         """
         logits = None
         for start in range(0, len(ids), self.prefill_chunk_tokens):
             block = ids[start:start + self.prefill_chunk_tokens]
             pos = self.cache.length
+            if self._lean is not None:
+                input_ids = torch.tensor(block, dtype=torch.long, device=self.device)
+                self.cache.begin_write(len(block))
+                logits = self._lean.forward(input_ids, self._buffers, pos)
+                self.cache.advance(len(block))
+                continue
             input_ids = torch.tensor([block], dtype=torch.long, device=self.device)      # [1, q]
             position_ids = torch.arange(pos, pos + len(block), device=self.device)[None]  # [1, q]
             self.cache.begin_write(len(block))
@@ -370,7 +429,7 @@ class LocalEngine:
             logits = None if self._last_logits is None else self._last_logits.clone()
             return Capsule(fingerprint=self.fingerprint, n_tokens=self.n_committed,
                            token_ids=tuple(self._ids), layer_types=self.cache.layer_types,
-                           dtype=str(self.dtype), linear_state=self.cache.linear_state(),
+                           dtype=self.precision, linear_state=self.cache.linear_state(),
                            last_logits=logits, _owner=weakref.ref(self.cache),
                            _seq=self.cache.overwrites.seq)
 
@@ -414,10 +473,12 @@ class LocalEngine:
         """An independent engine sharing this one's weights, with a copy of its committed state."""
         child = object.__new__(LocalEngine)
         child.__dict__.update({k: v for k, v in self.__dict__.items()
-                               if k not in ("cache", "_ids")})
+                               if k not in ("cache", "_ids", "_buffers")})
         with torch.inference_mode():
             child.cache = BufferCache(self.config, max_len=self.max_context_tokens,
                                       dtype=self.dtype, device=self.device)
+        child._buffers = (lean.LeanLlama.buffers(child.cache) if self._lean is not None
+                          else None)
         child._ids, child._last_logits = [], None
         child.restore(self.snapshot())
         return child
@@ -448,8 +509,8 @@ class LocalEngine:
             msg = (f"capsule layer layout {capsule.layer_types} does not match this engine's "
                    f"{self.cache.layer_types}")
             raise CapsuleMismatchError(msg)
-        if capsule.dtype != str(self.dtype):
-            msg = f"capsule holds {capsule.dtype} state, this engine runs {self.dtype}"
+        if capsule.dtype != self.precision:
+            msg = f"capsule holds {capsule.dtype} state, this engine runs {self.precision}"
             raise CapsuleMismatchError(msg)
         if capsule.n_tokens > self.max_context_tokens:
             msg = (f"capsule holds {capsule.n_tokens} tokens, more than this engine's "

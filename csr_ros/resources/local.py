@@ -22,11 +22,13 @@ from csr_ros.state import Request
 class LocalResource:
     def __init__(self, model: str = "smollm2", *, name: str = "local", threads: int | None = None,
                  device: str = "cpu", max_context_tokens: int | None = None,
-                 dtype: str | None = None, prefill_chunk_tokens: int = 512):
+                 dtype: str | None = None, prefill_chunk_tokens: int = 512,
+                 forward: str = "auto", decode_weights: str = "auto"):
         self.name = name
         self.engine = LocalEngine(model, device=device, dtype=dtype, threads=threads,
                                   max_context_tokens=max_context_tokens,
-                                  prefill_chunk_tokens=prefill_chunk_tokens)
+                                  prefill_chunk_tokens=prefill_chunk_tokens, forward=forward,
+                                  decode_weights=decode_weights)
         self.max_context_tokens = self.engine.max_context_tokens
         self._lock = threading.Lock()       # one call at a time: the engine is not thread-safe
         self._compiler = None               # llguidance's vocabulary, built on first use

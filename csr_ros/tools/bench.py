@@ -53,10 +53,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of the local engine")
     parser.add_argument("--device", default="cpu", help="local engine device: cpu, cuda, cuda:1")
-    parser.add_argument("--dtype", default=None,
-                        help="local engine dtype: float32, bfloat16, float16")
+    parser.add_argument("--dtype", default="auto",
+                        help="local engine dtype: auto (default: the fastest this machine offers, "
+                             "e.g. bfloat16 with int4 decode weights on a CPU with native bf16), "
+                             "float32 (the exact reference), bfloat16, float16")
+    parser.add_argument("--decode-weights", default="auto",
+                        help="local engine decode-step weights: auto, float, int8, int4")
+    parser.add_argument("--forward", default="auto",
+                        help="local engine forward: auto, lean, transformers (the reference)")
     parser.add_argument("--max-new-tokens", type=int, default=1,
-                        help="tokens decoded per query (TTFT needs only the first)")
+                        help="tokens decoded per query (TTFT needs only the first); the decode "
+                             f"speed runs max(this, {DECODE_TOKENS}) tokens with EOS suppressed")
     parser.add_argument("--no-unordered", action="store_true", help="skip the unordered baseline")
     parser.add_argument("--json", type=Path, default=None, help="write rows, meta and summary here")
     parser.add_argument("--plot", type=Path, default=None,
@@ -76,9 +83,16 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = HFTokenizer(resolve_model_dir(args.model, weights=False))
     layout = Layout.from_tokenizer(tokenizer)
     rows: list[dict] = []
+    engines: dict[str, dict] = {}
     started = time.perf_counter()
     for kind in kinds:
         resource = _make(kind, args)
+        engine = getattr(resource, "engine", None)
+        if engine is not None and hasattr(engine, "precision"):
+            engines[resource.name] = {"precision": engine.precision,
+                                      "forward": engine.forward_kind,
+                                      "device": str(engine.device)}
+            _progress(f"[{resource.name}] {engine.precision}, {engine.forward_kind} forward")
         try:
             rows += bench_resource(resource, tokenizer, layout, ns=ns, ms=ms, repeats=args.repeats,
                                    max_new_tokens=args.max_new_tokens,
@@ -87,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             resource.close()
     summary = summarize(rows)
     meta = _meta(args, kinds, ns, ms, time.perf_counter() - started)
+    meta["engines"] = engines
     print(format_table(rows, summary))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -100,10 +115,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int], repeats: int,
-                   max_new_tokens: int = 1, unordered: bool = True) -> list[dict]:
+                   max_new_tokens: int = 1, unordered: bool = True,
+                   decode_tokens: int | None = None) -> list[dict]:
     """All rows for one resource. Works with any `Resource`; capsules where it has an engine."""
     name = resource.name
-    need = max(ns) + max(ms) + max_new_tokens
+    decode_tokens = decode_tokens or max(max_new_tokens, DECODE_TOKENS)
+    need = max(ns) + max(ms) + max(max_new_tokens, decode_tokens)
     if need > resource.max_context_tokens:
         msg = (f"{name}: N + M + max_new_tokens = {need} exceeds its context of "
                f"{resource.max_context_tokens} tokens; lower --n or --m")
@@ -130,9 +147,13 @@ def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int],
         static, static_text = prompts.static(n)
         loaded = resource.load(static, static_text)
         _progress(f"[{name}] N={n}: cold prefill {loaded.seconds:.3f} s")
-        rows.append(prefill_row(name, n, loaded.seconds,
-                                _decode_rate(resource, prompts.request(static, static_text,
-                                                                       *fresh_dynamic(min(ms))))))
+        rates = [_decode_rate(resource, tokenizer,
+                              prompts.request(static, static_text, *fresh_dynamic(min(ms))),
+                              decode_tokens) for _ in range(repeats)]
+        rates = [r for r in rates if r is not None]
+        rows.append(prefill_row(name, n, loaded.seconds, rates))
+        if rates:
+            _progress(f"[{name}] N={n}: decode {rows[-1]['decode_tokens_per_s']:.1f} tokens/s")
         for m in ms:
             samples = []
             for _ in range(repeats):
@@ -163,12 +184,32 @@ def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int],
     return rows
 
 
-def _decode_rate(resource, request: Request, n_tokens: int = DECODE_TOKENS) -> float | None:
-    """Greedy decode speed on the cached state, tokens/s after the first token."""
-    result = resource.query(request, max_new_tokens=n_tokens)
-    if len(result.token_ids) < 2 or result.decode_s <= 0:
+def _decode_rate(resource, tokenizer, request: Request,
+                 n_tokens: int = DECODE_TOKENS) -> float | None:
+    """Greedy decode speed on the cached state, tokens/s after the first token.
+
+    End-of-sequence tokens are suppressed so every resource decodes the same `n_tokens`: the
+    in-process engine is asked with no EOS ids, an OpenAI-compatible server with a -100 logit
+    bias on them. A server that ignores the bias and stops early is timed on what it sent."""
+    engine = getattr(resource, "engine", None)
+    if engine is not None and hasattr(engine, "query"):
+        # The bench has just loaded the request's static part: only its dynamic part is new.
+        result = engine.query(request.dynamic_ids, n_tokens, eos_ids=())
+        n = len(result.token_ids)
+    else:
+        extra = getattr(resource, "extra_body", None)
+        if extra is not None:
+            eos = getattr(tokenizer, "eos_token_ids", ()) or ()
+            resource.extra_body = {**extra, "logit_bias": {str(i): -100 for i in eos}}
+        try:
+            result = resource.query(request, max_new_tokens=n_tokens)
+        finally:
+            if extra is not None:
+                resource.extra_body = extra
+        n = n_tokens if result.finish_reason == "length" else len(result.token_ids)
+    if n < 2 or result.decode_s <= 0:
         return None
-    return (len(result.token_ids) - 1) / result.decode_s
+    return (n - 1) / result.decode_s
 
 
 def _capsule_timings(name: str, engine, n: int, repeats: int) -> dict:
@@ -265,7 +306,8 @@ def _make(kind: str, args: argparse.Namespace):
 
     if kind == "local":
         return make_resource("local", model=args.model, name="local", threads=args.threads,
-                             device=args.device, dtype=args.dtype)
+                             device=args.device, dtype=args.dtype, forward=args.forward,
+                             decode_weights=args.decode_weights)
     if kind == "openai":
         return make_resource("openai", url=args.url, name="openai",
                              model_dir=resolve_model_dir(args.model, weights=False))
@@ -284,8 +326,10 @@ def _meta(args, kinds, ns, ms, seconds: float) -> dict:
         import torch
         import transformers
 
+        from csr_ros.engine import precision
+
         meta.update(torch=torch.__version__, transformers=transformers.__version__,
-                    torch_threads=torch.get_num_threads())
+                    torch_threads=torch.get_num_threads(), cpu=precision.describe())
     return meta
 
 

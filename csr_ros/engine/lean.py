@@ -1,0 +1,242 @@
+"""A lean llama forward over transformers' own weights, writing into the engine's K/V buffers.
+
+transformers runs a general forward: per layer it builds masks, dispatches through attention
+interfaces and cache objects, and issues three projections for q/k/v and two for gate/up. At
+batch 1 on a CPU that overhead is most of a decode step. This module runs the same math with
+the few tensor ops a llama layer needs (fused q/k/v and gate/up matmuls, a precomputed rotary
+table, grouped-query attention reading the K/V buffers in place), and nothing else:
+
+    embed → 30 × [rmsnorm → qkv → rope → write K/V → attention → o → rmsnorm → gate/up → down]
+          → rmsnorm (last position only) → lm_head
+
+Weights stay transformers' tensors for float formats (fused copies replace the separate ones, the
+transformers modules see views of them, so memory is not doubled and `model` stays the reference).
+Weight-only quantized formats keep their packed copies next to a bf16 model:
+
+    "float"  fp32/bf16/fp16 matmuls (oneDNN/MKL)
+    "int8"   per-output-channel symmetric int8, bf16 activations (torch._weight_int8pack_mm)
+    "int4"   groups of 32 along the input, asymmetric (scale and zero per group: the layout of the
+             GGUF Q4_1 the embedded model ships in), bf16 activations
+             (torch._weight_int4pack_mm_for_cpu)
+
+Transformers' forward stays available (`forward="transformers"`) and is what hybrid and other
+architectures run.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from csr_ros.errors import ConfigError
+
+WEIGHT_FORMATS = ("float", "int8", "int4")
+INT4_GROUP_SIZE = 32
+
+
+def unsupported_reason(model) -> str | None:
+    """Why the lean forward cannot run `model` (None when it can)."""
+    config = model.config
+    if getattr(config, "model_type", None) != "llama":
+        return f"model_type {getattr(config, 'model_type', None)!r} is not 'llama'"
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        return "biased projections"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp != 1"
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and set(layer_types) != {"full_attention"}:
+        return f"layer types {sorted(set(layer_types))}"
+    inner = getattr(model, "model", None)
+    if inner is None or not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm",
+                                                              "rotary_emb")):
+        return "not a LlamaForCausalLM module layout"
+    return None
+
+
+class _Linear:
+    """y = x @ W.T for one (possibly fused) weight in one format; x is [q, in]."""
+
+    __slots__ = ("op", "args")
+
+    def __init__(self, weight: torch.Tensor, fmt: str, dtype: torch.dtype):
+        if fmt == "float":
+            # A module's own Parameter is kept as is: it follows the model's later `.to(dtype)`.
+            self.op, self.args = F.linear, (weight,)
+        elif fmt == "int8":
+            w = weight.float()
+            scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+            q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+            self.op, self.args = torch._weight_int8pack_mm, (q, scale.to(dtype))
+        elif fmt == "int4":
+            self.op, self.args = _int4_mm, _pack_int4(weight.float(), INT4_GROUP_SIZE)
+        else:
+            raise ConfigError(f"weight format must be one of {WEIGHT_FORMATS}, got {fmt!r}")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(x, *self.args)
+
+
+def _int4_mm(x: torch.Tensor, packed: torch.Tensor, group_size: int,
+             scales_and_zeros: torch.Tensor) -> torch.Tensor:
+    return torch._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)
+
+
+def _pack_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """Asymmetric min/max quantization per group: w ≈ (q - 8) * scale + zero, q in 0..15."""
+    out_features, in_features = w.shape
+    if in_features % group_size:
+        raise ConfigError(f"int4 needs input sizes divisible by {group_size}, got {in_features}")
+    groups = w.reshape(out_features, in_features // group_size, group_size)
+    low, high = groups.amin(dim=2), groups.amax(dim=2)
+    scale = ((high - low) / 15.0).clamp(min=1e-12)
+    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+    q = q.reshape(out_features, in_features).to(torch.int32).contiguous()
+    zero = low + 8.0 * scale
+    packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    scales_and_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+    return packed, group_size, scales_and_zeros
+
+
+class _Layer:
+    __slots__ = ("ln1", "ln2", "block", "step")
+
+
+class LeanLlama:
+    """The llama forward over `model`'s weights, writing K/V into a `BufferCache` (batch 1).
+
+    Blocks of several tokens (prefill, a query's dynamic part) are compute-bound and run the
+    float weights in `dtype`. Single-token steps (decoding) are bound by reading the weights, so
+    they run `step_weights` ("float", or a weight-only "int8"/"int4" copy with bf16 activations).
+    Build it on the model before casting the model to `dtype`: quantized copies are then made
+    from the loaded (fp32) weights, and the float matmuls follow the model's own parameters.
+    """
+
+    def __init__(self, model, *, max_len: int, device: torch.device, dtype: torch.dtype,
+                 step_weights: str = "float"):
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ConfigError(f"the lean forward does not run this model: {reason}")
+        if step_weights not in WEIGHT_FORMATS:
+            msg = f"weight format must be one of {WEIGHT_FORMATS}, got {step_weights!r}"
+            raise ConfigError(msg)
+        if step_weights != "float" and (dtype != torch.bfloat16 or device.type != "cpu"):
+            msg = (f"{step_weights} decode weights run on CPU with bfloat16 activations, not "
+                   f"{dtype} on {device}")
+            raise ConfigError(msg)
+        config, inner = model.config, model.model
+        self.step_weights, self.dtype = step_weights, dtype
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = (getattr(config, "head_dim", None)
+                         or config.hidden_size // config.num_attention_heads)
+        self.groups = self.n_heads // self.n_kv
+        self.eps = float(config.rms_norm_eps)
+        self.scale = self.head_dim ** -0.5
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.splits = (q_size, kv_size, kv_size)
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        with torch.inference_mode():
+            # transformers' own rotary module gives the table, so positions match it exactly.
+            positions = torch.arange(max_len, device=device)[None]
+            probe = torch.empty((), dtype=dtype, device=device)
+            cos, sin = inner.rotary_emb(probe, positions)
+            self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()   # [max_len, D]
+            self.layers = []
+            for block in inner.layers:
+                attn, mlp = block.self_attn, block.mlp
+                parts = ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj],
+                         [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])
+                layer = _Layer()
+                layer.ln1 = block.input_layernorm.weight
+                layer.ln2 = block.post_attention_layernorm.weight
+                if step_weights != "float":      # from the weights as loaded, before any cast
+                    layer.step = tuple(_Linear(_cat(p), step_weights, dtype) for p in parts)
+                layer.block = tuple(_Linear(self._fused(p), "float", dtype) for p in parts)
+                if step_weights == "float":
+                    layer.step = layer.block
+                self.layers.append(layer)
+            head = model.get_output_embeddings().weight
+            # The output head decides the token: it gets at least int8 (in the embedded GGUF it
+            # is the Q8_0 token embedding, which int4 would coarsen).
+            head_format = "int8" if step_weights == "int4" else step_weights
+            self.head_step = (_Linear(head.float(), head_format, dtype)
+                              if step_weights != "float" else None)
+            self.head_block = _Linear(head, "float", dtype)
+            self.head_step = self.head_step or self.head_block
+
+    def _fused(self, modules: list):
+        """One weight for several projections; the modules keep views of it."""
+        if len(modules) == 1:
+            return modules[0].weight
+        fused = _cat(modules).to(self.dtype).contiguous()
+        start = 0
+        for m in modules:
+            rows = m.weight.shape[0]
+            m.weight.data = fused[start:start + rows]
+            start += rows
+        return fused
+
+    @staticmethod
+    def buffers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, (keys, values) views [H_kv, max_len, D] of `cache`'s buffers."""
+        return [(layer.keys[0], layer.values[0]) for _, layer in cache.attention_layers()]
+
+    def forward(self, input_ids: torch.Tensor, buffers: list, pos: int) -> torch.Tensor:
+        """Run `input_ids` ([q] long) at position `pos`, writing their K/V into `buffers`
+        (see `buffers()`); the logits after the last one, [V] in the compute dtype."""
+        q = input_ids.shape[0]
+        end = pos + q
+        step = q == 1
+        x = F.embedding(input_ids, self.embed).to(self.dtype)              # [q, hidden]
+        cos, sin = self.cos[pos:end], self.sin[pos:end]                     # [q, D]
+        half = self.head_dim // 2
+        mask, causal = None, False
+        if not step:
+            if pos == 0:
+                causal = True      # nothing cached: SDPA's top-left causal mask is the right one
+            else:
+                rows = torch.arange(pos, end, device=x.device)[:, None]
+                mask = torch.arange(end, device=x.device)[None, :] <= rows   # [q, end]
+        for layer, (keys_buf, values_buf) in zip(self.layers, buffers):
+            qkv, o, gate_up, down = layer.step if step else layer.block
+            h = _rms_norm(x, layer.ln1, self.eps)
+            qh, kh, vh = qkv(h).split(self.splits, dim=-1)
+            qh = qh.view(q, self.n_heads, self.head_dim).transpose(0, 1)     # [H, q, D]
+            kh = kh.view(q, self.n_kv, self.head_dim).transpose(0, 1)        # [H_kv, q, D]
+            qh = qh * cos + torch.cat((-qh[..., half:], qh[..., :half]), dim=-1) * sin
+            kh = kh * cos + torch.cat((-kh[..., half:], kh[..., :half]), dim=-1) * sin
+            keys_buf[:, pos:end].copy_(kh)
+            values_buf[:, pos:end].copy_(vh.view(q, self.n_kv, self.head_dim).transpose(0, 1))
+            keys, values = keys_buf[None, :, :end], values_buf[None, :, :end]
+            if step:
+                # One query: every cached position is visible; the query heads of a K/V group
+                # become that group's "queries", so K/V are read once and never repeated.
+                out = F.scaled_dot_product_attention(
+                    qh.reshape(1, self.n_kv, self.groups, self.head_dim), keys, values,
+                    scale=self.scale)
+                out = out.reshape(1, self.n_heads * self.head_dim)
+            else:
+                out = F.scaled_dot_product_attention(qh[None], keys, values, attn_mask=mask,
+                                                     is_causal=causal, scale=self.scale,
+                                                     enable_gqa=True)
+                out = out[0].transpose(0, 1).reshape(q, self.n_heads * self.head_dim)
+            x = x + o(out)
+            h = _rms_norm(x, layer.ln2, self.eps)
+            gate, up = gate_up(h).chunk(2, dim=-1)
+            x = x + down(F.silu(gate) * up)
+        hidden = _rms_norm(x[-1:], self.norm, self.eps)
+        return (self.head_step if step else self.head_block)(hidden)[0]
+
+
+def _cat(modules: list) -> torch.Tensor:
+    return torch.cat([m.weight for m in modules], dim=0)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # transformers' LlamaRMSNorm: statistics in fp32, scale in the input dtype.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
