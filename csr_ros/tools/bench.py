@@ -85,19 +85,24 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict] = []
     engines: dict[str, dict] = {}
     started = time.perf_counter()
-    for kind in kinds:
-        resource = _make(kind, args)
-        engine = getattr(resource, "engine", None)
-        if engine is not None and hasattr(engine, "precision"):
-            engines[resource.name] = {"precision": engine.precision,
-                                      "forward": engine.forward_kind,
-                                      "device": str(engine.device)}
-            _progress(f"[{resource.name}] {engine.precision}, {engine.forward_kind} forward")
-        try:
-            rows += bench_resource(resource, tokenizer, layout, ns=ns, ms=ms, repeats=args.repeats,
-                                   max_new_tokens=args.max_new_tokens,
-                                   unordered=not args.no_unordered)
-        finally:
+    resources = []
+    try:
+        for kind in kinds:
+            resource = _make(kind, args)
+            resources.append(resource)
+            engine = getattr(resource, "engine", None)
+            if engine is not None and hasattr(engine, "precision"):
+                engines[resource.name] = {"precision": engine.precision,
+                                          "forward": engine.forward_kind,
+                                          "device": str(engine.device)}
+                _progress(f"[{resource.name}] {engine.precision}, {engine.forward_kind} forward")
+        rows = interleaved([bench_phases(resource, tokenizer, layout, ns=ns, ms=ms,
+                                         repeats=args.repeats,
+                                         max_new_tokens=args.max_new_tokens,
+                                         unordered=not args.no_unordered)
+                            for resource in resources])
+    finally:
+        for resource in resources:
             resource.close()
     summary = summarize(rows)
     meta = _meta(args, kinds, ns, ms, time.perf_counter() - started)
@@ -118,6 +123,32 @@ def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int],
                    max_new_tokens: int = 1, unordered: bool = True,
                    decode_tokens: int | None = None) -> list[dict]:
     """All rows for one resource. Works with any `Resource`; capsules where it has an engine."""
+    return [row for rows in bench_phases(resource, tokenizer, layout, ns=ns, ms=ms,
+                                         repeats=repeats, max_new_tokens=max_new_tokens,
+                                         unordered=unordered, decode_tokens=decode_tokens)
+            for row in rows]
+
+
+def interleaved(phases: list) -> list[dict]:
+    """Run several resources' phases in turn (one phase of each, then the next), so a figure
+    and the same figure of the other resource are taken minutes apart at most: on a shared
+    machine the load then weighs on both alike."""
+    rows: list[dict] = []
+    active = list(phases)
+    while active:
+        for phase in list(active):
+            try:
+                rows += next(phase)
+            except StopIteration:
+                active.remove(phase)
+    return rows
+
+
+def bench_phases(resource, tokenizer, layout, *, ns: list[int], ms: list[int], repeats: int,
+                 max_new_tokens: int = 1, unordered: bool = True,
+                 decode_tokens: int | None = None):
+    """`bench_resource` one phase at a time: yields each phase's rows (cold prefill and decode
+    at one N, CSR at one (N, M), capsules at one N, unordered at one (N, M))."""
     name = resource.name
     decode_tokens = decode_tokens or max(max_new_tokens, DECODE_TOKENS)
     need = max(ns) + max(ms) + max(max_new_tokens, decode_tokens)
@@ -154,6 +185,8 @@ def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int],
         rows.append(prefill_row(name, n, loaded.seconds, rates))
         if rates:
             _progress(f"[{name}] N={n}: decode {rows[-1]['decode_tokens_per_s']:.1f} tokens/s")
+        yield rows
+        rows = []
         for m in ms:
             samples = []
             for _ in range(repeats):
@@ -163,11 +196,15 @@ def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int],
                 samples.append(result.ttft_s)
             rows.append(ttft_row(name, n, m, "csr", samples))
             _progress(f"[{name}] N={n} M={m}: CSR TTFT median {rows[-1]['ttft_median_s']:.3f} s")
+            yield rows
+            rows = []
         engine = getattr(resource, "engine", None)
         if engine is not None and hasattr(engine, "snapshot"):
             rows.append(_capsule_timings(name, engine, n, repeats))
             _progress(f"[{name}] N={n}: capsule restore median "
                       f"{rows[-1]['restore_median_s'] * 1e3:.3f} ms")
+            yield rows
+            rows = []
         if not unordered:
             continue
         for m in ms:
@@ -181,7 +218,8 @@ def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int],
             rows.append(ttft_row(name, n, m, "unordered", samples))
             _progress(f"[{name}] N={n} M={m}: unordered TTFT median "
                       f"{rows[-1]['ttft_median_s']:.3f} s")
-    return rows
+            yield rows
+            rows = []
 
 
 def _decode_rate(resource, tokenizer, request: Request,
