@@ -39,6 +39,27 @@ def test_the_summary_relates_unordered_to_csr_and_resources_to_each_other():
     assert rows[-1]["tokens_per_s"] == pytest.approx(1024 / 3.5)
 
 
+def test_the_side_by_side_summary_puts_local_first_and_relates_every_headline_figure():
+    rows = [prefill_row("openai", 1024, 4.0, [40.0, 50.0, 45.0]),
+            prefill_row("local", 1024, 2.0, [60.0]),
+            ttft_row("local", 1024, 32, "csr", [0.1]),
+            ttft_row("local", 1024, 32, "unordered", [12.0]),
+            ttft_row("openai", 1024, 32, "csr", [0.2]),
+            ttft_row("openai", 1024, 32, "unordered", [8.0])]
+    assert rows[0]["decode_tokens_per_s"] == 45.0
+    assert rows[0]["decode_samples_tokens_per_s"] == [40.0, 50.0, 45.0]
+    summary = summarize(rows)
+    by_figure = {p["figure"]: p for p in summary["side_by_side"]}
+    assert list(by_figure) == ["decode_tokens_per_s", "csr_ttft_s", "prefill_tokens_per_s",
+                               "unordered_over_csr"]
+    assert by_figure["decode_tokens_per_s"]["local_over_openai"] == pytest.approx(60 / 45)
+    assert by_figure["csr_ttft_s"]["local_over_openai"] == pytest.approx(0.5)
+    assert by_figure["prefill_tokens_per_s"]["values"] == {"local": 512.0, "openai": 256.0}
+    assert by_figure["unordered_over_csr"]["values"] == {"local": 120.0, "openai": 40.0}
+    table = format_table(rows, summary)
+    assert "local/openai" in table and "decode_tokens_per_s" in table and "1.33" in table
+
+
 def test_a_short_bench_run_writes_the_documented_json_and_a_png_plot(tmp_path, capsys):
     pytest.importorskip("torch")
     from csr_ros.cli import main
@@ -88,3 +109,10 @@ def test_the_bench_runs_local_and_openai_side_by_side(llama_server, tmp_path):
     (between,) = report["summary"]["between_resources"]
     assert (between["numerator"], between["denominator"]) == ("openai", "local")
     assert between["ratio"] > 0
+    decode = {r["resource"]: r["decode_tokens_per_s"] for r in report["rows"]
+              if r["method"] == "prefill"}
+    assert decode["local"] > 0 and decode["openai"] > 0
+    figures = {p["figure"]: p for p in report["summary"]["side_by_side"]}
+    assert figures["decode_tokens_per_s"]["local_over_openai"] > 0
+    assert figures["csr_ttft_s"]["local_over_openai"] > 0
+    assert report["meta"]["engines"]["local"]["forward"] == "lean"

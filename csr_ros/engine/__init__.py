@@ -1,6 +1,7 @@
 """The in-process inference engine (torch + transformers) and its execution-state capsules.
 
     engine = LocalEngine("smollm2", threads=2)          # or a model directory, device="cuda"
+    fast = LocalEngine("smollm2", dtype="auto")         # bf16 + int4 decode where the CPU has bf16
     engine.extend(static_ids)                           # prefill only the new tokens, commit
     out = engine.query(dynamic_ids, max_new_tokens=16)  # TTFT pays only the dynamic tokens
     capsule = engine.snapshot()                         # O(1) for K/V, copies recurrent state
