@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import rclpy
-from rclpy.context import Context
+from rclpy.utilities import get_default_context
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 
@@ -32,12 +32,12 @@ def wait_for(condition, timeout_s: float = 30.0, what: str = "condition", every_
 
 
 class Graph:
-    """Nodes spun by a multi-threaded executor on a background thread, in their own context
-    (so a module-scoped graph and a test's graph never share one)."""
+    """Nodes spun by a multi-threaded executor on a background thread, in rclpy's default
+    context (so nodes made without `context=` join it too); one graph at a time."""
 
     def __init__(self, threads: int = 6):
-        self.context = Context()
-        rclpy.init(context=self.context)
+        rclpy.init()
+        self.context = get_default_context()
         self.executor = MultiThreadedExecutor(num_threads=threads, context=self.context)
         self.nodes: list[Node] = []
         self.thread = threading.Thread(target=self.executor.spin, daemon=True)
@@ -59,7 +59,7 @@ class Graph:
             if close is not None:
                 close()
             node.destroy_node()
-        rclpy.try_shutdown(context=self.context)
+        rclpy.try_shutdown()     # the default context: the next graph gets a fresh one
 
 
 def endpoints(node: Node, topic: str, kind: str) -> set[bytes]:
