@@ -164,7 +164,8 @@ class LocalEngine:
             msg = (f"decode_weights={decode_weights!r} needs the lean forward "
                    f"({reason or 'forward=transformers was asked for'})")
             raise ConfigError(msg)
-        self.forward_kind = "lean" if forward != "transformers" and reason is None else "transformers"
+        use_lean = forward != "transformers" and reason is None
+        self.forward_kind = "lean" if use_lean else "transformers"
         self.decode_weights = decode_weights
         self.model = net.to(device=self.device).eval()
         with torch.inference_mode():

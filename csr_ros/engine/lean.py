@@ -2,16 +2,18 @@
 
 transformers runs a general forward: per layer it builds masks, dispatches through attention
 interfaces and cache objects, and issues three projections for q/k/v and two for gate/up. At
-batch 1 on a CPU that overhead is most of a decode step. This module runs the same math with
+batch 1 on a CPU every op costs a dispatch and, with several threads, a synchronization of the
+threads. This module runs the same math with
 the few tensor ops a llama layer needs (fused q/k/v and gate/up matmuls, a precomputed rotary
 table, grouped-query attention reading the K/V buffers in place), and nothing else:
 
-    embed → 30 × [rmsnorm → qkv → rope → write K/V → attention → o → rmsnorm → gate/up → down]
+    embed → per layer [rmsnorm → qkv → rope → write K/V → attention → o
+                       → rmsnorm → gate/up → down]
           → rmsnorm (last position only) → lm_head
 
 Weights stay transformers' tensors for float formats (fused copies replace the separate ones, the
 transformers modules see views of them, so memory is not doubled and `model` stays the reference).
-Weight-only quantized formats keep their packed copies next to a bf16 model:
+Decode steps may run weight-only quantized copies kept next to the float model:
 
     "float"  fp32/bf16/fp16 matmuls (oneDNN/MKL)
     "int8"   per-output-channel symmetric int8, bf16 activations (torch._weight_int8pack_mm)

@@ -10,8 +10,9 @@ For every static length N and dynamic length M, on every resource:
 Per resource and N also the cold prefill (tokens/s) and greedy decode speed (tokens/s, EOS
 suppressed). With several resources their phases run in turn and a side-by-side table of the
 headline figures (first resource / other) ends the output. The local engine runs `--dtype auto`
-unless told otherwise (see docs/engine.md). The prompt is real text: rendered synthetic robot observations in the model's chat template,
-tokenized with the model's tokenizer and assembled by CsrState. Every query carries a fresh
+unless told otherwise (see docs/engine.md). The prompt is real text: rendered synthetic robot
+observations in the model's chat template, tokenized with the model's tokenizer and assembled by
+CsrState. Every query carries a fresh
 dynamic part (a new time stamp), so a server cannot serve it from its cache either. One warm-up
 query per resource is left out of the timings. Progress goes to stderr, the table to stdout.
 """
