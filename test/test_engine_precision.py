@@ -167,3 +167,22 @@ def test_fast_precisions_follow_the_fp32_reference_top1_on_real_text(
         engine.close()
     agreement = sum(a == b for a, b in zip(ours, reference_steps)) / len(reference_steps)
     assert agreement >= AGREEMENT_FLOOR[(dtype, weights)], f"top-1 agreement {agreement:.3f}"
+
+
+def test_decode_threads_apply_to_decode_steps_only_and_change_no_token(tiny_llama_model):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        plain = _tiny(tiny_llama_model, dtype="bfloat16", decode_weights="int4")
+        single = _tiny(tiny_llama_model, dtype="bfloat16", decode_weights="int4", decode_threads=1)
+        assert _tiny(tiny_llama_model, dtype="auto").decode_threads == 1
+        for engine in (plain, single):
+            engine.extend(PROMPT[:100])
+        ours = single.query(PROMPT[100:120], max_new_tokens=10, eos_ids=())
+        assert torch.get_num_threads() == 2
+        assert ours.token_ids == plain.query(PROMPT[100:120], max_new_tokens=10,
+                                             eos_ids=()).token_ids
+        with pytest.raises(ConfigError, match="decode_threads must be >= 1"):
+            _tiny(tiny_llama_model, decode_threads=0)
+    finally:
+        torch.set_num_threads(before)

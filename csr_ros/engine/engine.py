@@ -74,7 +74,8 @@ class LocalEngine:
                  threads: int | None = None, max_context_tokens: int | None = None,
                  prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
                  fingerprint: str | None = None, tokenizer=None, attention: str = "sdpa_gqa",
-                 forward: str = "auto", decode_weights: str = "auto"):
+                 forward: str = "auto", decode_weights: str = "auto",
+                 decode_threads: int | None = None):
         """`model`: 'smollm2', a local Hugging Face model directory, or a loaded
         `PreTrainedModel` (then `fingerprint` defaults to a hash of its config and weights; the
         model is moved to `device` and `dtype` in place).
@@ -90,6 +91,11 @@ class LocalEngine:
         `decode_weights`: weights of single-token decode steps in the lean forward: "float"
         (the model's own), "int8" or "int4" (weight-only copies, bf16 activations, CPU), or
         "auto" (int4 when `dtype="auto"` chose bf16 on a CPU, else float).
+
+        `decode_threads`: torch threads for single-token steps (decoding); None: as `threads`,
+        except under `dtype="auto"`, which takes 1. A decode step is hundreds of tiny ops, and on
+        a CPU shared with other work two threads wait for each other at every one of them
+        (docs/engine.md has the measurement). torch's thread count is per process.
 
         `attention`: for the transformers forward: "sdpa_gqa" (SDPA reading grouped K/V heads in
         place, the default) or "sdpa" (transformers' own, which copies K/V per query head when a
@@ -111,7 +117,11 @@ class LocalEngine:
         self.device = torch.device(device)
         self.model_dir: Path | None = None
         weights_auto = decode_weights == "auto"
+        if decode_threads is not None and int(decode_threads) < 1:
+            raise ConfigError(f"decode_threads must be >= 1, got {decode_threads}")
+        self.decode_threads = None if decode_threads is None else int(decode_threads)
         if isinstance(dtype, str) and dtype == "auto":
+            self.decode_threads = self.decode_threads or 1
             dtype, auto_weights = precision.choose(self.device)
             decode_weights = auto_weights if weights_auto else decode_weights
         elif weights_auto:
@@ -264,11 +274,13 @@ class LocalEngine:
                 ttft_s = time.perf_counter() - started
                 tokens = [token]
                 text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
-                while finish is None:
-                    logits = _masked(self._forward([token]), constraint)
-                    token = _sample(logits, temperature, generator)
-                    tokens.append(token)
-                    text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
+                with _thread_count(self.decode_threads):
+                    while finish is None:
+                        logits = _masked(self._forward([token]), constraint)
+                        token = _sample(logits, temperature, generator)
+                        tokens.append(token)
+                        text, finish = self._finished(tokens, eos, stop, max_new_tokens,
+                                                      constraint)
                 decode_s = time.perf_counter() - started - ttft_s
             finally:
                 self.cache.truncate(n_static)
@@ -375,7 +387,8 @@ class LocalEngine:
             if self._lean is not None:
                 input_ids = torch.tensor(block, dtype=torch.long, device=self.device)
                 self.cache.begin_write(len(block))
-                logits = self._lean.forward(input_ids, self._buffers, pos)
+                with _thread_count(self.decode_threads if len(block) == 1 else None):
+                    logits = self._lean.forward(input_ids, self._buffers, pos)
                 self.cache.advance(len(block))
                 continue
             input_ids = torch.tensor([block], dtype=torch.long, device=self.device)      # [1, q]
@@ -592,6 +605,20 @@ def _trie(paths: list[list[int]]) -> tuple[list[int], list[int], list[int], list
             parent = node
         ends.append(nodes)
     return tokens, parents, depths, ends
+
+
+@contextmanager
+def _thread_count(n: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to `n` inside the block (None: unchanged)."""
+    before = torch.get_num_threads()
+    if n is None or n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _sample(logits: torch.Tensor, temperature: float, generator) -> int:

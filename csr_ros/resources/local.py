@@ -23,12 +23,13 @@ class LocalResource:
     def __init__(self, model: str = "smollm2", *, name: str = "local", threads: int | None = None,
                  device: str = "cpu", max_context_tokens: int | None = None,
                  dtype: str | None = None, prefill_chunk_tokens: int = 512,
-                 forward: str = "auto", decode_weights: str = "auto"):
+                 forward: str = "auto", decode_weights: str = "auto",
+                 decode_threads: int | None = None):
         self.name = name
         self.engine = LocalEngine(model, device=device, dtype=dtype, threads=threads,
                                   max_context_tokens=max_context_tokens,
                                   prefill_chunk_tokens=prefill_chunk_tokens, forward=forward,
-                                  decode_weights=decode_weights)
+                                  decode_weights=decode_weights, decode_threads=decode_threads)
         self.max_context_tokens = self.engine.max_context_tokens
         self._lock = threading.Lock()       # one call at a time: the engine is not thread-safe
         self._compiler = None               # llguidance's vocabulary, built on first use

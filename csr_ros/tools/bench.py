@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "float32 (the exact reference), bfloat16, float16")
     parser.add_argument("--decode-weights", default="auto",
                         help="local engine decode-step weights: auto, float, int8, int4")
+    parser.add_argument("--decode-threads", type=int, default=None,
+                        help="local engine threads for decode steps (default: 1 under --dtype "
+                             "auto, else --threads)")
     parser.add_argument("--forward", default="auto",
                         help="local engine forward: auto, lean, transformers (the reference)")
     parser.add_argument("--max-new-tokens", type=int, default=1,
@@ -98,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             if engine is not None and hasattr(engine, "precision"):
                 engines[resource.name] = {"precision": engine.precision,
                                           "forward": engine.forward_kind,
+                                          "decode_threads": engine.decode_threads,
                                           "device": str(engine.device)}
                 _progress(f"[{resource.name}] {engine.precision}, {engine.forward_kind} forward")
         rows = interleaved([bench_phases(resource, tokenizer, layout, ns=ns, ms=ms,
@@ -349,7 +353,8 @@ def _make(kind: str, args: argparse.Namespace):
     if kind == "local":
         return make_resource("local", model=args.model, name="local", threads=args.threads,
                              device=args.device, dtype=args.dtype, forward=args.forward,
-                             decode_weights=args.decode_weights)
+                             decode_weights=args.decode_weights,
+                             decode_threads=args.decode_threads)
     if kind == "openai":
         return make_resource("openai", url=args.url, name="openai",
                              model_dir=resolve_model_dir(args.model, weights=False))
