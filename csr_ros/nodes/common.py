@@ -246,6 +246,11 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
             executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException, _Stop):
         pass
+    except _rclpy.RCLError:
+        # SIGTERM shut the context down while the executor was building its wait set (a race
+        # inside rclpy's MultiThreadedExecutor): a stop, not an error
+        if rclpy.ok():
+            raise
     except CsrError as exc:
         name = label or (nodes[0].get_name() if nodes else name)
         print(f"[{name}] error: {exc}", file=sys.stderr)
