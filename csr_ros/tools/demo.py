@@ -407,6 +407,8 @@ def _summarize(rec: Reconciler, r: _Run, args, mode: str, started_s: float,
                                         if latencies_s else None)},
         "mask_s_per_token": mask_s / n_generated if n_generated and mask_s else None,
         "actions_chosen": _action_counts(r.decisions),
+        "invalid_examples": [{"text": d.text, "error": d.error}
+                             for d in r.decisions if not d.valid][:5],
         "ttft": _ttft_stats(ok),
         "viability": {k: viability[k] for k in ("headroom_s", "arrival_tokens_per_s",
                                                 "warm_tokens_per_s", "catchup_tokens_per_s",
