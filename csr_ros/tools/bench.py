@@ -324,10 +324,13 @@ class PromptMaker:
         return ids, (self.tokenizer.decode(ids) if self.mode == "text" else None)
 
     def dynamic(self, m: int, query_no: int) -> tuple[tuple[int, ...], str | None]:
-        """M tokens: a fresh time stamp first (so no cache can hold them), the task, the tail."""
+        """M tokens: a fresh time stamp first (so no cache can hold them), the task, the tail.
+
+        The very first token changes from one query to the next (the query number's last digit),
+        so even an M=1 unordered prompt shares no prefix with the one before it."""
         tail = self.layout.tail_ids
-        ids = self.tokenizer.encode_data(f"now: t={1000 + 0.5 * query_no:.1f}s, query "
-                                         f"{query_no}. {TASK}")
+        ids = self.tokenizer.encode_data(f"{query_no % 10} now: t={1000 + 0.5 * query_no:.1f}s, "
+                                         f"query {query_no}. {TASK}")
         filler = self.tokenizer.encode_data(f" note {query_no}: all systems nominal.")
         while len(ids) + len(tail) < m:
             ids += filler
