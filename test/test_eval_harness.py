@@ -31,7 +31,10 @@ def test_ama_episodes_become_one_observation_per_turn_and_questions_after_the_la
     assert kitchen.context == "Task: Put the red mug in the dishwasher."
     assert kitchen.clock is False
     mcq, given, _, open_ended = kitchen.questions
-    assert mcq.choices == ("(A)", "(B)", "(C)", "(D)") and mcq.answer == "(B)"
+    assert mcq.question == "Where was the red mug before the agent picked it up?"
+    assert mcq.choices == ("kitchen", "office", "hallway", "garage") and mcq.answer == "office"
+    labels = ama_episodes(AMA_TINY, mcq="label")[0].questions[0]
+    assert labels.choices == ("(A)", "(B)", "(C)", "(D)") and labels.answer == "(B)"
     assert given.choices == ("office", "kitchen", "hallway")
     assert open_ended.choices == () and open_ended.kind == "open"
 
@@ -399,5 +402,7 @@ def test_a_patrol_written_in_ama_format_reads_back_as_multiple_choice_episodes(t
         assert 1 <= len(e.questions) <= 5
         assert len({q.question for q in e.questions}) == len(e.questions)
         for q in e.questions:
-            assert q.answer in q.choices and q.choices[0] == "(A)"
+            assert q.answer in q.choices and "(A)" not in q.question
             assert q.t_s == len(e.observations)
+        for q in ama_episodes(out, mcq="label")[0].questions:
+            assert q.choices[0] == "(A)" and q.answer in q.choices

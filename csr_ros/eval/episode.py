@@ -186,17 +186,45 @@ def bag_episode(paths: list[Path], questions: list[Question], *, params: Path | 
 
 _OPTION = re.compile(r"\(([A-Z])\)")
 _SINGLE_OPTION = re.compile(r"^\s*\(([A-Z])\)\s*$")
+MCQ_MODES = ("text", "label")
 
 
-def ama_episodes(path: str | Path, *, limit: int | None = None) -> list[EvalEpisode]:
+def split_options(question: str) -> tuple[str, list[tuple[str, str]]] | None:
+    """'Where is it? (A) kitchen (B) office' → ('Where is it?', [('(A)', 'kitchen'), ...]);
+    None unless the labels run (A), (B), ... in order with non-empty texts."""
+    marks = list(_OPTION.finditer(question))
+    start = next((i for i, m in enumerate(marks) if m.group(1) == "A"), None)
+    if start is None:
+        return None
+    marks = marks[start:]
+    if [m.group(1) for m in marks] != [chr(ord("A") + i) for i in range(len(marks))]:
+        return None
+    options = []
+    for m, nxt in zip(marks, marks[1:] + [None]):
+        text = question[m.end():nxt.start() if nxt else len(question)].strip().rstrip(",;")
+        if not text:
+            return None
+        options.append((f"({m.group(1)})", text.strip()))
+    if len(options) < 2 or len({t for _, t in options}) != len(options):
+        return None
+    return question[:marks[0].start()].strip(), options
+
+
+def ama_episodes(path: str | Path, *, limit: int | None = None,
+                 mcq: str = "text") -> list[EvalEpisode]:
     """AMA-Bench JSONL: `{episode_id, task, domain, trajectory: [{turn_idx, action,
     observation}], qa_pairs: [{question, answer}]}` per line (extra keys are kept in `meta`).
 
     Each turn becomes one observation ("Step i:\\nAction: ...\\nObservation: ...", the text
     AMA-Bench's own harness builds), one second apart; the questions come after the last turn.
-    A multiple-choice question whose answer is one option, "(B)", is scored over the option
-    labels its text lists; `choices` in a qa pair (an extension) is used as given.
+    A multiple-choice question whose answer is one option, "(B)", is scored over the texts of
+    the options it lists (`mcq="text"`: the question keeps its stem, the options become the
+    choices, the answer the text of option B), or over the labels "(A)", "(B)", ...
+    (`mcq="label"`, AMA's own answer format: small models pick a label regardless of the
+    context). `choices` in a qa pair (an extension) is used as given.
     """
+    if mcq not in MCQ_MODES:
+        raise ConfigError(f"mcq must be one of {MCQ_MODES}, got {mcq!r}")
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"AMA-Bench file {path} does not exist")
@@ -209,7 +237,7 @@ def ama_episodes(path: str | Path, *, limit: int | None = None) -> list[EvalEpis
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{where}: not JSON ({exc.msg})") from None
-        episodes.append(ama_episode(record, where=where))
+        episodes.append(ama_episode(record, where=where, mcq=mcq))
         if limit is not None and len(episodes) >= limit:
             break
     if not episodes:
@@ -217,7 +245,7 @@ def ama_episodes(path: str | Path, *, limit: int | None = None) -> list[EvalEpis
     return episodes
 
 
-def ama_episode(record: object, *, where: str = "episode") -> EvalEpisode:
+def ama_episode(record: object, *, where: str = "episode", mcq: str = "text") -> EvalEpisode:
     if not isinstance(record, dict):
         raise ConfigError(f"{where}: an episode must be a JSON object")
     missing = [k for k in ("episode_id", "trajectory", "qa_pairs") if k not in record]
@@ -252,9 +280,14 @@ def ama_episode(record: object, *, where: str = "episode") -> EvalEpisode:
                                       "choices": choices}, where=f"{where}: qa_pairs[{j}]")
             choices = q.choices
         elif _SINGLE_OPTION.match(answer):
-            labels = [f"({m})" for m in dict.fromkeys(_OPTION.findall(question))]
-            answer = answer.strip()
-            choices = tuple(labels) if answer in labels and len(labels) >= 2 else ()
+            split = split_options(question) if mcq == "text" else None
+            by_label = dict(split[1]) if split else {}
+            if answer in by_label:
+                question, answer = split[0], by_label[answer]
+                choices = tuple(by_label.values())
+            else:
+                labels = [f"({m})" for m in dict.fromkeys(_OPTION.findall(question))]
+                choices = tuple(labels) if answer in labels and len(labels) >= 2 else ()
         questions.append(Question(t_s=t_ask, question=question, answer=answer,
                                   choices=tuple(choices or ()), kind=str(qa.get("type") or ""),
                                   qid=f"{record['episode_id']}/{j}"))

@@ -77,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="bag: parameters file with the aggregator's sources")
     src.add_argument("--topics", nargs="+", default=None, help="bag: only these topics")
     src.add_argument("--episodes", type=int, default=None, help="ama: the first N episodes")
+    src.add_argument("--ama-mcq", choices=("text", "label"), default="text",
+                     help="ama: score a multiple-choice question over its options' texts "
+                          "(default) or over the labels (A), (B), ...")
     src.add_argument("--max-questions", type=int, default=None,
                      help="ask only the first N questions (in time order) of each episode")
     src.add_argument("--duration-s", type=float, default=600.0,
@@ -204,7 +207,7 @@ def load_input(args) -> tuple[str, list]:
     if fmt == "ama":
         if len(args.input) != 1:
             raise ConfigError("--format ama reads one JSONL file")
-        return fmt, ep.ama_episodes(first, limit=args.episodes)
+        return fmt, ep.ama_episodes(first, limit=args.episodes, mcq=args.ama_mcq)
     if fmt == "bag":
         if args.questions is None:
             raise ConfigError("a bag needs --questions (JSONL with t_s, question, answer)")
