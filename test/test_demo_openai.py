@@ -18,6 +18,7 @@ def test_demo_runs_two_eviction_cycles_over_two_http_servers_losing_no_chunk(
     out = tmp_path / "o.json"
     code = main(["demo", "--resource", "openai", "--r1", r1.url, "--r2", r2.url,
                  "--cycles", "2", "--tau-mem", "500", "--chunk-rate-hz", "2",
+                 "--duration-s", "600",    # a cap: servers too slow to cycle fail, never hang
                  "--max-context-tokens", "4096", "--reserve-tokens", "128",
                  "--json", str(out), "--chunk-log", str(tmp_path / "chunks.log"),
                  "--no-progress"])

@@ -41,6 +41,7 @@ from csr_ros.nodes.common import (route_library_logging, unroute_library_logging
 from csr_ros.policy_core import (ERROR, OK, WARN, FetchRequest, InstantValue, QueryScheduler,
                                  QueryStats, StateFold, SwapEvent, build_suffix, diagnose,
                                  state_from_params, vocabulary_from_params)
+from csr_ros.render import episode_origin_ns
 from csr_ros.srv import GetChunks, Query
 
 _LEVELS = {OK: DiagnosticStatus.OK, WARN: DiagnosticStatus.WARN, ERROR: DiagnosticStatus.ERROR}
@@ -231,11 +232,12 @@ class PolicyNode(Node):
     def _start_query(self, task: str, extra_suffix: str, max_new_tokens: int) -> Future:
         """Under the lock, with the scheduler slot taken: build, then run on the worker."""
         now_ns = self.get_clock().now().nanoseconds
-        suffix = build_suffix(self.instant, now_ns, stale_s=self.params["stale_instant_s"])
+        chunks = self.fold.state.chunks if self.driver is None else self.driver.active_chunks()
+        suffix = build_suffix(self.instant, now_ns, stale_s=self.params["stale_instant_s"],
+                              origin_ns=episode_origin_ns(chunks))
         if extra_suffix.strip():
             suffix += "\n" + extra_suffix.strip()
-        bound, constraint = self._actions(self.fold.state.chunks if self.driver is None
-                                          else self.driver.active_chunks())
+        bound, constraint = self._actions(chunks)
         if self.driver is not None:
             job = functools.partial(self._query_driver, task, suffix, max_new_tokens, now_ns,
                                     bound, constraint)
