@@ -175,7 +175,7 @@ def test_decode_threads_apply_to_decode_steps_only_and_change_no_token(tiny_llam
         torch.set_num_threads(2)
         plain = _tiny(tiny_llama_model, dtype="bfloat16", decode_weights="int4")
         single = _tiny(tiny_llama_model, dtype="bfloat16", decode_weights="int4", decode_threads=1)
-        assert _tiny(tiny_llama_model, dtype="auto").decode_threads == 1
+        assert _tiny(tiny_llama_model, dtype="auto").decode_threads is None   # as `threads`
         for engine in (plain, single):
             engine.extend(PROMPT[:100])
         ours = single.query(PROMPT[100:120], max_new_tokens=10, eos_ids=())
