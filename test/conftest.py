@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import random
-import socket
 
 import pytest
+
+from csr_ros.ros_domain import free_ros_domain
 
 # -- ROS 2: an isolated graph per run, and no silent skips where ROS is expected ---------------
 
@@ -16,27 +16,10 @@ ROS_REQUIRED = (os.environ.get("CI", "").lower() == "true"
                 or os.environ.get("CSR_ROS_REQUIRE_ROS", "") not in ("", "0"))
 
 
-def _unused_ros_domain() -> int:
-    """A random ROS domain that no DDS participant on this machine uses yet.
-
-    Fast DDS's first participant of domain d listens on UDP port 7410 + 250 d (its unicast
-    discovery port); where that port is taken, another run (or a robot stack) is in d."""
-    rng = random.SystemRandom()
-    for _ in range(100):
-        domain = rng.randint(1, 232)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            try:
-                sock.bind(("", 7410 + 250 * domain))
-            except OSError:
-                continue
-        return domain
-    return rng.randint(1, 232)
-
-
 def pytest_configure(config):
     # A random unused domain and localhost-only discovery: the nodes of this run (and the
     # processes it starts, which inherit the environment) never meet another run's or a robot's.
-    os.environ["ROS_DOMAIN_ID"] = str(_unused_ros_domain())
+    os.environ["ROS_DOMAIN_ID"] = str(free_ros_domain())
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
 

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,24 +39,10 @@ from csr_ros.episode import Episode
 from csr_ros.errors import ConfigError, CsrError
 from csr_ros.msg import PolicyDecision, StateChunk, SwapEvent
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, time_ns
+from csr_ros.ros_domain import free_ros_domain
 
 ROOT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "csr_ros.yaml"
 CYCLE_REASONS = ("swap", "sync", "fallback")
-
-
-def free_ros_domain() -> int:
-    """A random ROS domain no DDS participant on this machine uses (Fast DDS's first
-    participant of domain d holds UDP port 7410 + 250 d)."""
-    rng = random.SystemRandom()
-    for _ in range(100):
-        domain = rng.randint(1, 232)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            try:
-                sock.bind(("", 7410 + 250 * domain))
-            except OSError:
-                continue
-        return domain
-    raise CsrError("no free ROS domain on this machine")
 
 
 def graph_params(args, episode: Episode) -> dict:
