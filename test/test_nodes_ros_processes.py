@@ -47,7 +47,8 @@ def processes():
         proc.kill()
 
 
-def wait_reliable_subscription(node, publisher, timeout_s: float = 30.0) -> None:
+def wait_reliable_subscription(node, publisher, timeout_s: float = 30.0,
+                               before: frozenset[bytes] | set[bytes] = frozenset()) -> None:
     """Until the aggregator subscribes to `publisher`'s topic with the QoS it matched to it.
 
     The aggregator subscribes best effort while a topic has no publisher and re-subscribes
@@ -58,9 +59,12 @@ def wait_reliable_subscription(node, publisher, timeout_s: float = 30.0) -> None
     topic = publisher.topic_name
 
     def ready():
+        # `before`: subscriptions of earlier nodes, which may linger in the graph a moment
+        # after their process ended; the publisher must have matched the new one too.
         infos = node.get_subscriptions_info_by_topic(topic)
-        return (len(infos) == 1 and infos[0].qos_profile.reliability == ReliabilityPolicy.RELIABLE
-                and publisher.get_subscription_count() == 1)
+        new = [i for i in infos if bytes(i.endpoint_gid) not in before]
+        return (len(new) == 1 and new[0].qos_profile.reliability == ReliabilityPolicy.RELIABLE
+                and publisher.get_subscription_count() >= len(infos))
     wait_for(ready, timeout_s, f"a reliable subscription to {topic}")
 
 
@@ -141,6 +145,7 @@ def test_an_aggregator_restarted_with_its_chunk_log_continues_its_seq(graph, pro
     seen: set[bytes] = set()
 
     def run_aggregator(texts: list[str], n_before: int) -> None:
+        speech_subs_before = endpoints(probe, "/test/speech", "sub")
         proc = NodeProcess("aggregator", "--params-file", params,
                            log=tmp_path / f"agg{n_before}.log")
         processes.append(proc)
@@ -148,7 +153,7 @@ def test_an_aggregator_restarted_with_its_chunk_log_continues_its_seq(graph, pro
         wait_for(lambda: endpoints(probe, "/csr/chunks", "pub") - seen and
                  chunks_sub.get_publisher_count() == 1, what="the aggregator's chunks")
         seen.update(endpoints(probe, "/csr/chunks", "pub"))
-        wait_reliable_subscription(probe, speech)
+        wait_reliable_subscription(probe, speech, before=speech_subs_before)
         for text in texts:
             speech.publish(String(data=text))
         wait_for(lambda: len(chunks) >= n_before + len(texts), what="the chunks")
