@@ -275,13 +275,7 @@ class OpenAIResource:
         if self.priority_scheduling:
             body["priority"] = self.prefill_priority      # larger = later (vLLM)
         started = time.monotonic()
-        response = self._send(body, stream=False)
-        try:
-            payload = _json(response, self.url)
-        finally:
-            response.close()
-        if "error" in payload:
-            raise _error_from_body(payload, self.url)
+        self._complete(body)
         return time.monotonic() - started
 
     # -- the hot path ------------------------------------------------------------------------
@@ -362,13 +356,7 @@ class OpenAIResource:
             self._check_fits((len(full) if n_prompt is not None else 0) + 1)
             body = self._body(full, max_tokens=1, stop=())
             body.update(echo=True, logprobs=1)
-            response = self._send(body, stream=False)
-            try:
-                payload = _json(response, self.url)
-            finally:
-                response.close()
-        if "error" in payload:
-            raise _error_from_body(payload, self.url)
+            payload = self._complete(body)
         try:
             logprobs = payload["choices"][0]["logprobs"]
             values = logprobs["token_logprobs"]
@@ -520,6 +508,17 @@ class OpenAIResource:
         return resolve_model_dir(weights=False)
 
     # -- HTTP --------------------------------------------------------------------------------
+
+    def _complete(self, body: dict) -> dict:
+        """A non-streamed completion's JSON body; an error the server put in it is raised."""
+        response = self._send(body, stream=False)
+        try:
+            payload = _json(response, self.url)
+        finally:
+            response.close()
+        if "error" in payload:
+            raise _error_from_body(payload, self.url)
+        return payload
 
     def _send(self, body: dict, *, stream: bool) -> httpx.Response:
         """POST /v1/completions; retried only while no connection could be made."""
