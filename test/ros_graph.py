@@ -51,6 +51,15 @@ class Graph:
     def node(self, name: str) -> Node:
         return self.add(Node(name, context=self.context))
 
+    def remove(self, node: Node) -> None:
+        """Stop one node while the others keep running (a node killed mid-run)."""
+        self.executor.remove_node(node)
+        self.nodes.remove(node)
+        close = getattr(node, "close", None)
+        if close is not None:
+            close()
+        node.destroy_node()
+
     def close(self) -> None:
         self.executor.shutdown()
         self.thread.join(timeout=10.0)

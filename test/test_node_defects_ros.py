@@ -23,11 +23,11 @@ pytest.importorskip("csr_ros.msg", reason="csr_ros interfaces not built: bash "
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
 from rcl_interfaces.msg import Log  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from rosgraph_msgs.msg import Clock  # noqa: E402
+from ros_graph import Graph  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
 from csr_ros.errors import ConfigError  # noqa: E402
@@ -59,37 +59,6 @@ def policy_params(**extra) -> list[Parameter]:
     return params + [Parameter(k, Parameter.Type.STRING, v) for k, v in extra.items()]
 
 
-class Graph:
-    """Nodes spun by a multi-threaded executor on a background thread."""
-
-    def __init__(self):
-        self.executor = MultiThreadedExecutor(num_threads=6)
-        self.nodes: list[Node] = []
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self.thread.start()
-
-    def add(self, node: Node) -> Node:
-        self.nodes.append(node)
-        self.executor.add_node(node)
-        return node
-
-    def remove(self, node: Node) -> None:
-        self.executor.remove_node(node)
-        self.nodes.remove(node)
-        close = getattr(node, "close", None)
-        if close is not None:
-            close()
-        node.destroy_node()
-
-    def close(self) -> None:
-        self.executor.shutdown()
-        for node in reversed(self.nodes):
-            close = getattr(node, "close", None)
-            if close is not None:
-                close()
-            node.destroy_node()
-
-
 def wait_for(condition, timeout_s: float = 20.0, what: str = "condition"):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -102,11 +71,9 @@ def wait_for(condition, timeout_s: float = 20.0, what: str = "condition"):
 
 @pytest.fixture
 def graph():
-    rclpy.init()
     g = Graph()
     yield g
     g.close()
-    rclpy.try_shutdown()
 
 
 @pytest.fixture
