@@ -269,14 +269,26 @@ class LocalEngine:
             # Fixed-size copies (empty for attention-only models); K/V roll back by the pointer.
             saved_linear = self.cache.linear_state() if self.cache.has_linear_layers else None
             try:
-                logits = self._forward(dynamic) if dynamic else self._last_logits
-                token = _sample(_masked(logits, constraint), temperature, generator)
+                # Tokens the grammar forces are never sampled: they ride on the next forward
+                # (here, on the dynamic part's), so an answer costs one forward per free choice.
+                tokens: list[int] = []
+                text, finish = self._take_forced(tokens, constraint, eos, stop, max_new_tokens)
+                feed = dynamic + tokens
+                if finish is None:
+                    logits = self._forward(feed) if feed else self._last_logits
+                    token = _sample(_masked(logits, constraint), temperature, generator)
+                    tokens.append(token)
+                    text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
                 ttft_s = time.perf_counter() - started
-                tokens = [token]
-                text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
                 with _thread_count(self.decode_threads):
                     while finish is None:
-                        logits = _masked(self._forward([token]), constraint)
+                        n_sampled = len(tokens)
+                        text, finish = self._take_forced(tokens, constraint, eos, stop,
+                                                         max_new_tokens)
+                        if finish is not None:
+                            break
+                        feed = tokens[n_sampled - 1:]     # the sampled token, then any forced
+                        logits = _masked(self._forward(feed, decode=True), constraint)
                         token = _sample(logits, temperature, generator)
                         tokens.append(token)
                         text, finish = self._finished(tokens, eos, stop, max_new_tokens,
@@ -363,22 +375,30 @@ class LocalEngine:
                 row[base:] |= mask[n_dyn + parent, base:]
             row[base + i] = True
         positions = list(range(n_static, base)) + [base + d for d in depths]
-        input_ids = torch.tensor([dynamic + tokens], dtype=torch.long, device=self.device)
-        position_ids = torch.tensor([positions], device=self.device)              # [1, q]
+        input_ids = torch.tensor(dynamic + tokens, dtype=torch.long, device=self.device)
+        position_ids = torch.tensor(positions, device=self.device)                # [q]
+        n_rows = len(tokens) + (1 if n_dyn else 0)
         self.cache.begin_write(q)
-        out = self.model(input_ids=input_ids, position_ids=position_ids,
-                         attention_mask=mask[None, None], cache=self.cache, use_cache=True,
-                         logits_to_keep=len(tokens) + (1 if n_dyn else 0))
+        if self._lean is not None:
+            logits = self._lean.forward(input_ids, self._buffers, n_static,
+                                        positions=position_ids, mask=mask, n_logits=n_rows)
+            logits = logits.view(n_rows, -1)
+        else:
+            logits = self.model(input_ids=input_ids[None], position_ids=position_ids[None],
+                                attention_mask=mask[None, None], cache=self.cache,
+                                use_cache=True, logits_to_keep=n_rows).logits[0]
         self.cache.advance(q)
-        rows = out.logits[0].float().log_softmax(-1)
+        rows = logits.float().log_softmax(-1)
         if not n_dyn:
             rows = torch.cat([self._last_logits.float().log_softmax(-1)[None], rows])
         return rows
 
-    def _forward(self, ids: list[int]) -> torch.Tensor:
+    def _forward(self, ids: list[int], *, decode: bool = False) -> torch.Tensor:
         """Prefill `ids` at the cache position in blocks; the logits after the last one, [V] fp32.
 
         Only the last position goes through lm_head (logits_to_keep=1 / the lean forward).
+        `decode`: a decode step (a sampled token and any forced after it), never committed; the
+        lean forward may run it on the decode weights.
         """
         logits = None
         for start in range(0, len(ids), self.prefill_chunk_tokens):
@@ -387,8 +407,9 @@ class LocalEngine:
             if self._lean is not None:
                 input_ids = torch.tensor(block, dtype=torch.long, device=self.device)
                 self.cache.begin_write(len(block))
-                with _thread_count(self.decode_threads if len(block) == 1 else None):
-                    logits = self._lean.forward(input_ids, self._buffers, pos)
+                step = len(block) == 1 or (decode and len(block) <= lean.STEP_MAX_TOKENS)
+                with _thread_count(self.decode_threads if step else None):
+                    logits = self._lean.forward(input_ids, self._buffers, pos, step=step)
                 self.cache.advance(len(block))
                 continue
             input_ids = torch.tensor([block], dtype=torch.long, device=self.device)      # [1, q]
@@ -413,6 +434,19 @@ class LocalEngine:
             raise
         self._ids.extend(ids)
         self._last_logits = logits
+
+    def _take_forced(self, tokens: list[int], constraint, eos: frozenset,
+                     stop: tuple[str, ...], max_new_tokens: int) -> tuple[str, str | None]:
+        """Append the tokens `constraint` forces next (none without a constraint, or where
+        it cannot tell); (text so far, finish reason or None to go on), as `_finished`."""
+        forced = getattr(constraint, "forced", None)
+        text, finish = "", None
+        for token in (forced() if forced is not None else ()):
+            tokens.append(int(token))
+            text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
+            if finish is not None:
+                break
+        return text, finish
 
     def _finished(self, tokens: list[int], eos: frozenset, stop: tuple[str, ...],
                   max_new_tokens: int, constraint=None) -> tuple[str, str | None]:
@@ -573,6 +607,10 @@ class TokenConstraint(Protocol):
 
     def accept(self, token: int) -> bool:
         """Advance by the sampled token; True once the answer is complete."""
+
+    # Optional: `forced() -> list[int]`, the tokens the grammar allows next with no
+    # alternative. The engine appends them without sampling and feeds them to the next forward
+    # together with the token before them.
 
 
 def _masked(logits: torch.Tensor, constraint: TokenConstraint | None) -> torch.Tensor:

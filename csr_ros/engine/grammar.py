@@ -104,6 +104,14 @@ class GrammarConstraint:
         self.mask_s += time.perf_counter() - started
         self.n_masks += 1
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows next with no alternative (llguidance's fast-forward:
+        `(object: ` after `pick`), appended by the engine without sampling."""
+        started = time.perf_counter()
+        tokens = self.matcher.compute_ff_tokens()
+        self.mask_s += time.perf_counter() - started
+        return tokens
+
     def accept(self, token: int) -> bool:
         if not self.matcher.consume_token(int(token)):
             self.violations += 1                 # cannot happen with the mask applied
