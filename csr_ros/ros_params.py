@@ -140,6 +140,9 @@ RESOURCE = [
     _p("resource.served_model", "", "model name the servers answer to ('' = ask the server)"),
     _p("resource.timeout_s", 30.0, "HTTP timeout of one request", positive=True),
     _p("resource.threads", 0, "CPU threads of the local engine (0 = default)", min_value=0),
+    _p("resource.dtype", "auto", "precision of the local engine: auto (bf16 with int4 decode "
+       "weights where the CPU computes bf16 natively, else float32), float32 (the exact "
+       "reference), bfloat16", choices=("auto", "float32", "bfloat16")),
 ]
 
 POLICY = TOPICS + STATE + RESOURCE + [
@@ -151,8 +154,9 @@ POLICY = TOPICS + STATE + RESOURCE + [
        "them is published as not valid)", min_value=1),
     _p("topics.actions", "csr/actions", "Action stream: the typed action of each valid "
        "decision"),
-    _p("actions.mode", "auto", "auto: score a closed action list in one pass, else decode "
-       "with the grammar; choice | grammar | json; free: unconstrained text, parsed after",
+    _p("actions.mode", "auto", "auto: score a short closed action list (at most 8 actions) "
+       "in one pass, else decode with the grammar; choice | grammar | json; free: "
+       "unconstrained text, parsed after",
        choices=("auto", "choice", "grammar", "json", "free")),
     _p("actions.seen", [], "enumerations filled from the chunks seen, `name=regex` (group 1 is "
        "a value), used as `$name` in actions.vocabulary", element=str),

@@ -138,6 +138,7 @@ class ReconcilerNode(Node):
                 for name in names:
                     built.append(make_resource("local", model=p["model"], name=name,
                                                threads=p["resource.threads"] or None,
+                                               dtype=p["resource.dtype"],
                                                max_context_tokens=p["context_tokens"]))
             else:
                 for name, url in zip(names, (p["resource.r1_url"], p["resource.r2_url"])):

@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                  f"{','.join(MODES)}")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of the engine")
+    parser.add_argument("--dtype", default="auto", help="engine precision: auto (default), "
+                                                        "float32, bfloat16")
     parser.add_argument("--seed", type=int, default=0, help="episode seed")
     parser.add_argument("--json", type=Path, help="write the figures as JSON")
 
@@ -63,7 +65,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         raise ConfigError("--reps and --chunks must be >= 1")
     from csr_ros.resources.local import LocalResource
 
-    resource = LocalResource("smollm2", threads=args.threads, max_context_tokens=8192)
+    resource = LocalResource("smollm2", threads=args.threads, max_context_tokens=8192,
+                             dtype=args.dtype)
     try:
         tokenizer = resource.engine.tokenizer
         episode = Episode(args.seed)
@@ -91,6 +94,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                                         constraint=constraints[mode],
                                         stop=("\n",) if constraints[mode] is None else ())
                 rows[mode].append((time.perf_counter() - started, result))
+        precision = resource.engine.precision
     finally:
         resource.close()
     out = {}
@@ -107,5 +111,6 @@ def run_bench(args: argparse.Namespace) -> dict:
                      "mask_ms_per_token": 1000 * mask_s / decoded if decoded and mask_s else None,
                      "valid": valid, "example": results[0].text}
     return {"chunks": args.chunks, "reps": args.reps, "threads": args.threads,
+            "precision": precision,
             "static_tokens": len(request.static_ids), "dynamic_tokens": len(request.dynamic_ids),
             "choices": len(constraints["choice"].choices), "modes": out}

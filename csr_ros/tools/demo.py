@@ -98,6 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     res.add_argument("--model", default=DEFAULT_MODEL,
                      help="local: 'smollm2' or a model directory; openai: the tokenizer's model")
     res.add_argument("--threads", type=int, default=1, help="CPU threads per local engine")
+    res.add_argument("--dtype", default="auto",
+                     help="local engine precision: auto (default: bf16 with int4 decode weights "
+                          "where the CPU computes bf16 natively, else float32), float32, "
+                          "bfloat16")
     res.add_argument("--max-context-tokens", type=int, default=d["max_context_tokens"])
     res.add_argument("--r1", help="openai: URL of the primary server")
     res.add_argument("--r2", help="openai: URL of the secondary server (the tokenizer and the "
@@ -248,7 +252,7 @@ def _make_resources(args: argparse.Namespace, n: int) -> list:
     def start(name: str) -> None:
         try:
             made[name] = ProcessResource("local", name=name, model=args.model,
-                                         threads=args.threads,
+                                         threads=args.threads, dtype=args.dtype,
                                          max_context_tokens=args.max_context_tokens)
         except BaseException as exc:
             errors.append(exc)
@@ -377,6 +381,7 @@ def _summarize(rec: Reconciler, r: _Run, args, mode: str, started_s: float,
     viability = rec.snapshot()
     return {
         "mode": mode, "seed": args.seed, "model": args.model, "resource": args.resource,
+        "precision": _precision(rec.resources[books.primary]),
         "tau_mem_tokens": args.tau_mem, "chunk_rate_hz": args.chunk_rate_hz,
         "rate_hz": args.rate_hz, "max_context_tokens": args.max_context_tokens,
         "n_catchup_tokens": args.n_catchup, "duration_s": round(duration_s, 3),
@@ -432,6 +437,18 @@ def _action_counts(decisions: list[Decision]) -> dict[str, int]:
         if d.valid:
             counts[d.action.name] = counts.get(d.action.name, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _precision(resource) -> str | None:
+    """A local engine's precision (`LocalEngine.precision`); None for servers."""
+    if not hasattr(resource, "call"):
+        engine = getattr(resource, "engine", None)
+        return None if engine is None else engine.precision
+    try:
+        return str(resource.call("engine.precision"))
+    except Exception as exc:
+        log.warning("cannot read the precision of %s: %s", resource.name, exc)
+        return None
 
 
 def _committed_ids(resource) -> tuple[int, ...] | None:
