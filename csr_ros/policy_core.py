@@ -535,6 +535,7 @@ def build_suffix(instant: Mapping[str, InstantValue], now_ns: int, *, stale_s: f
 # -- diagnostics --------------------------------------------------------------------------------
 
 RATE_WINDOW_S = 30.0     # decisions/s is measured over this window (or since the start)
+RECENT_ACTIONS = 20      # an invalid action among this many latest decisions: a warning
 
 
 @dataclass
@@ -551,6 +552,10 @@ class QueryStats:
     started_s: float | None = None   # when the node began deciding (monotonic, from the caller)
     decided_s: deque = field(default_factory=lambda: deque(maxlen=10_000))
     decision_s: deque = field(default_factory=lambda: deque(maxlen=100))  # TTFT + decoding
+    valid_actions: int = 0           # decisions that parsed into an action of the vocabulary
+    invalid_actions: int = 0         # ... that did not (incomplete within the budget, unparsable)
+    recent_valid: deque = field(default_factory=lambda: deque(maxlen=RECENT_ACTIONS))
+    last_invalid: str = ""           # why the latest invalid decision was not an action
 
     def record(self, result: QueryResult, version: int, *, ttft_s: float | None = None,
                now_s: float | None = None) -> None:
@@ -581,6 +586,15 @@ class QueryStats:
     def decision_percentile_s(self, q: float) -> float | None:
         """Query start to last token (what bounds the decision rate)."""
         return _percentile(self.decision_s, q)
+
+    def record_action(self, valid: bool, error: str = "") -> None:
+        """A decision's typed action: valid, or why not (`Decision.error`)."""
+        self.recent_valid.append(bool(valid))
+        if valid:
+            self.valid_actions += 1
+        else:
+            self.invalid_actions += 1
+            self.last_invalid = error
 
     def record_error(self, message: str) -> None:
         self.last_error = message
@@ -664,7 +678,11 @@ def diagnose(state: StateFold | Mapping, scheduler: QueryScheduler, stats: Query
                    ("ttft_mean_s", f"{statistics.fmean(stats.ttfts_s):.3f}"),
                    ("ttft_p50_s", f"{stats.ttft_percentile_s(50):.3f}"),
                    ("ttft_p99_s", f"{stats.ttft_percentile_s(99):.3f}"),
-                   ("decision_p50_s", f"{stats.decision_percentile_s(50):.3f}")]
+                   ("decision_p50_s", f"{stats.decision_percentile_s(50):.3f}"),
+                   ("decision_p99_s", f"{stats.decision_percentile_s(99):.3f}")]
+    if stats.valid_actions or stats.invalid_actions:
+        values += [("valid_actions", str(stats.valid_actions)),
+                   ("invalid_actions", str(stats.invalid_actions))]
     if stats.cache_hit_ratio is not None:
         values.append(("cache_hit_ratio", f"{stats.cache_hit_ratio:.3f}"))
     if stats.last is not None:
@@ -682,6 +700,10 @@ def diagnose(state: StateFold | Mapping, scheduler: QueryScheduler, stats: Query
         level, message = WARN, rate_shortfall(rate, scheduler.rate_hz,
                                               stats.ttft_percentile_s(50),
                                               stats.decision_percentile_s(50))
+    n_invalid = stats.recent_valid.count(False)
+    if n_invalid:
+        level, message = WARN, (f"{n_invalid} of the last {len(stats.recent_valid)} decisions "
+                                f"were not valid actions (latest: {stats.last_invalid})")
     if capacity and capacity.get("viable") is False:
         level, message = WARN, capacity["message"]
     if view.get("stream_restarts"):

@@ -16,6 +16,7 @@ from conftest import ros_missing
 if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
     pytest.skip(ros_missing(), allow_module_level=True)
 
+from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 from test_nodes_ros import SPEECH, graph, say, wait_for  # noqa: E402,F401  (fixture)
@@ -23,7 +24,7 @@ from test_nodes_ros import SPEECH, graph, say, wait_for  # noqa: E402,F401  (fix
 from csr_ros.actions import Vocabulary  # noqa: E402
 from csr_ros.msg import Action, PolicyDecision  # noqa: E402
 from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
-from csr_ros.nodes.common import DECISIONS_QOS  # noqa: E402
+from csr_ros.nodes.common import DECISIONS_QOS, DIAGNOSTICS_QOS  # noqa: E402
 from csr_ros.nodes.policy import PolicyNode  # noqa: E402
 from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
 
@@ -45,6 +46,9 @@ def test_the_actions_topic_carries_parsed_typed_actions(graph):  # noqa: F811
     actions, decisions = [], []
     probe.create_subscription(Action, "csr/actions", actions.append, DECISIONS_QOS)
     probe.create_subscription(PolicyDecision, "csr/decisions", decisions.append, DECISIONS_QOS)
+    diagnostics = []
+    probe.create_subscription(DiagnosticArray, "/diagnostics", diagnostics.append,
+                              DIAGNOSTICS_QOS)
     probe.speech_pub = probe.create_publisher(String, "/test/speech", 10)
     probe.goal_pub = probe.create_publisher(String, "/test/goal", 10)
     graph.add(AggregatorNode(parameter_overrides=SPEECH))
@@ -79,3 +83,16 @@ def test_the_actions_topic_carries_parsed_typed_actions(graph):  # noqa: F811
     assert all(d.constrained for d in decisions)
     assert all(d.valid == bool(d.action_name) for d in decisions)
     assert policy.seen.values()["places"] == tuple(sorted(PLACES))
+
+    def policy_counts() -> dict | None:
+        for message in reversed(diagnostics):
+            for status in message.status:
+                values = {kv.key: kv.value for kv in status.values}
+                if status.name.endswith(policy.get_name()) and "valid_actions" in values:
+                    return values
+        return None
+
+    wait_for(lambda: policy_counts() is not None and
+             int(policy_counts()["valid_actions"]) >= len(actions), timeout_s=30.0,
+             what="/diagnostics counting the valid actions")
+    assert policy_counts()["invalid_actions"] == "0"

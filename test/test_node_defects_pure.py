@@ -157,6 +157,29 @@ def test_a_rate_shortfall_from_decoding_blames_the_decoding_not_the_ttft():
     assert "lower rate_hz to 0.11" in d.message and "the decoding dominates" in d.message
 
 
+def test_invalid_actions_are_counted_and_a_recent_one_is_a_warning_with_its_reason():
+    scheduler = QueryScheduler(rate_hz=2.0)
+    stats = QueryStats(started_s=0.0)
+    result = QueryResult(text="pick(", token_ids=(1,) * 4, ttft_s=0.1, decode_s=0.2,
+                         n_prompt=900, n_extended=0, cached_tokens=None,
+                         finish_reason="length", resource="r1")
+    for _ in range(3):
+        stats.record(result, 0, now_s=1.0)
+        stats.record_action(True)
+    assert diagnose({"version": 0}, scheduler, stats).level == 0
+    stats.record_action(False, "incomplete: the budget of 4 tokens ended inside the action")
+    d = diagnose({"version": 0}, scheduler, stats)
+    values = dict(d.values)
+    assert values["valid_actions"] == "3" and values["invalid_actions"] == "1"
+    assert d.level == 1
+    assert d.message == ("1 of the last 4 decisions were not valid actions (latest: incomplete: "
+                         "the budget of 4 tokens ended inside the action)")
+    for _ in range(20):                       # it leaves the window: ok again, still counted
+        stats.record_action(True)
+    d = diagnose({"version": 0}, scheduler, stats)
+    assert d.level == 0 and dict(d.values)["invalid_actions"] == "1"
+
+
 def test_a_capacity_verdict_that_cannot_keep_up_is_the_policy_diagnostics_message():
     scheduler = QueryScheduler(rate_hz=2.0)
     d = diagnose({"version": 0}, scheduler, QueryStats(started_s=0.0), now_s=1.0,

@@ -7,7 +7,8 @@
     query worker ──────────▶ the primary (its URL from the latest SwapEvent) → csr/decisions,
                              and the typed action of each valid decision → csr/actions
     csr/query (service) ───▶ the same, on demand, after the running query
-    /diagnostics ◀───────── TTFT, cache hits, version, skipped ticks, lost chunks (1 Hz)
+    /diagnostics ◀───────── TTFT, cache hits, version, skipped ticks, lost chunks,
+                             valid and invalid actions (1 Hz)
 
 The query runs on its own (daemon) thread, so the executor keeps folding chunks and answering
 services while a model computes, and a shutdown does not wait for it: the running query is
@@ -328,6 +329,8 @@ class PolicyNode(Node):
         with self.lock:
             self.stats.record(result, int(request.version), ttft_s=float(ttft_s),
                               now_s=time.monotonic())
+            if typed is not None:
+                self.stats.record_action(typed.valid, typed.error)
             if self.closing or not self.context.ok():
                 return decision            # shutting down: the answer is not published
             self.decision_pub.publish(decision)
