@@ -151,15 +151,20 @@ def test_closed_choices_are_scored_in_one_pass_exactly_as_one_by_one(resource):
 
     engine, tok = resource.engine, resource.engine.tokenizer
     for option, score in zip(constraint.choices, scores):
-        ids = tok.encode_data(option)
-        with engine.scratch():
-            engine.extend(list(request.dynamic_ids))
-            total = 0.0
-            for i, token in enumerate(ids):
-                total += float(engine.last_logits.log_softmax(-1)[token])
-                if i + 1 < len(ids):
-                    engine.extend([token])
+        total = _one_by_one(engine, request.dynamic_ids, tok.encode_data(option))
         assert total == pytest.approx(score, **_tolerance(engine)), option
+
+
+def _one_by_one(engine, dynamic_ids, ids: list[int]) -> float:
+    """Sum of the tokens' log-probabilities, extending the state one token at a time."""
+    with engine.scratch():
+        engine.extend(list(dynamic_ids))
+        total = 0.0
+        for i, token in enumerate(ids):
+            total += float(engine.last_logits.log_softmax(-1)[token])
+            if i + 1 < len(ids):
+                engine.extend([token])
+    return total
 
 
 def _tolerance(engine) -> dict:
@@ -181,14 +186,7 @@ def test_options_where_one_is_a_prefix_of_another_are_scored_with_the_end_token(
     end = resource._end_id([tok.encode_data(o) for o in options])
     assert end is not None
     for option, score in zip(options, scores.logprobs):
-        ids = tok.encode_data(option) + [end]
-        with engine.scratch():
-            engine.extend(list(request.dynamic_ids))
-            total = 0.0
-            for i, token in enumerate(ids):
-                total += float(engine.last_logits.log_softmax(-1)[token])
-                if i + 1 < len(ids):
-                    engine.extend([token])
+        total = _one_by_one(engine, request.dynamic_ids, tok.encode_data(option) + [end])
         assert total == pytest.approx(score, **_tolerance(engine)), option
 
 
