@@ -1,15 +1,18 @@
 """What the three nodes share: parameter declaration from the pure schemas, named QoS
-profiles, message conversions, and the standard main()."""
+profiles, message conversions, the GetChunks client of the nodes that fold chunks, and the
+standard main()."""
 
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 import rclpy
@@ -23,7 +26,7 @@ from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from csr_ros.errors import ConfigError, CsrError, MessageTypeNotInstalledError
-from csr_ros.policy_core import ChunkEvent
+from csr_ros.policy_core import ChunkEvent, FetchRequest
 from csr_ros.render import normalize_type_name
 from csr_ros.ros_params import ParamSpec, check_params_files, type_problem
 
@@ -170,6 +173,66 @@ def chunk_event(msg) -> ChunkEvent:
     """A StateChunk as the pure fold sees it."""
     return ChunkEvent(seq=int(msg.seq), source=msg.source, stamp_ns=time_ns(msg.stamp),
                       text=msg.text, stream=msg.stream)
+
+
+class ChunkFetcher:
+    """A node's GetChunks client: one call at a time for a range of chunks it missed.
+
+    Each call has an id; an answer to a call the node has since given up on (`give_up_after`,
+    from its watchdog timer) is dropped. Answers are handled under the node's lock:
+    `on_fetched(events, response, probe)` with the chunks as ChunkEvents (`probe`: the request
+    was open-ended, end_seq 0), or `on_failed()` when the call failed.
+    """
+
+    def __init__(self, node: Node, service: str, *, lock, callback_group,
+                 on_fetched: Callable[[list[ChunkEvent], Any, bool], None],
+                 on_failed: Callable[[], None]):
+        # imported here: nodes of standard messages alone use this module without csr_ros.srv
+        from csr_ros.srv import GetChunks
+
+        self.node = node
+        self.lock = lock
+        self.client = node.create_client(GetChunks, service, callback_group=callback_group)
+        self.on_fetched = on_fetched
+        self.on_failed = on_failed
+        self.fetch_id = 0
+        self.started_s = 0.0
+
+    def fetch(self, request: FetchRequest | None) -> None:
+        """Under the lock: ask for the missing range (None: nothing to ask). A call the service
+        is not ready for is left to the watchdog to count as failed."""
+        if request is None:
+            return
+        self.fetch_id += 1
+        self.started_s = time.monotonic()
+        if not self.client.service_is_ready():
+            return
+        future = self.client.call_async(
+            self.client.srv_type.Request(start_seq=request.start_seq, end_seq=request.end_seq))
+        future.add_done_callback(functools.partial(self._done, self.fetch_id,
+                                                   request.end_seq == 0))
+
+    def give_up_after(self, timeout_s: float) -> bool:
+        """Under the lock, while a fetch is outstanding: True (and its answer will be dropped)
+        when it has not answered within timeout_s."""
+        if time.monotonic() - self.started_s < timeout_s:
+            return False
+        self.fetch_id += 1
+        self.node.get_logger().warning("GetChunks did not answer in time")
+        return True
+
+    def _done(self, fetch_id: int, probe: bool, future) -> None:
+        with self.lock:
+            if fetch_id != self.fetch_id:
+                return                               # answered after the watchdog gave up
+            self.fetch_id += 1
+            try:
+                response = future.result()
+            except Exception as exc:  # noqa: BLE001 - a failed call is a failed fetch
+                self.node.get_logger().warning(f"GetChunks failed: {exc}")
+                self.on_failed()
+                return
+            self.on_fetched([chunk_event(c) for c in response.chunks], response, probe)
 
 
 def resolve_message_type(type_name: str):

@@ -37,13 +37,13 @@ from csr_ros.msg import Action, PolicyDecision, StateChunk
 from csr_ros.msg import SwapEvent as SwapEventMsg
 from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
                                   CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS,
-                                  SWAPS_QOS, chunk_event, declare, load_tokenizer, run,
-                                  time_msg, with_undeclared)
+                                  SWAPS_QOS, ChunkFetcher, chunk_event, declare, load_tokenizer,
+                                  run, time_msg, with_undeclared)
 from csr_ros.policy_core import (ERROR, OK, WARN, FetchRequest, InstantValue, QueryScheduler,
                                  QueryStats, StateFold, SwapEvent, build_suffix, diagnose,
                                  state_from_params, vocabulary_from_params)
 from csr_ros.render import episode_origin_ns
-from csr_ros.srv import GetChunks, Query
+from csr_ros.srv import Query
 
 _LEVELS = {OK: DiagnosticStatus.OK, WARN: DiagnosticStatus.WARN, ERROR: DiagnosticStatus.ERROR}
 
@@ -71,8 +71,7 @@ class PolicyNode(Node):
         if driver is None:
             self.tokenizer, self.model_dir = load_tokenizer(p)
             self.fold = StateFold(state_from_params(p, self.tokenizer))
-        self.fetch_id = 0
-        self.fetch_started_s = 0.0
+        self.fetcher: ChunkFetcher | None = None
         self.vocab = vocabulary_from_params(p)          # None: free text only
         self.seen = SeenValues.from_params(p["actions.seen"])
         self.seen_upto_seq = -1
@@ -87,8 +86,9 @@ class PolicyNode(Node):
             self.swaps_sub = self.create_subscription(
                 SwapEventMsg, p["topics.swaps"], self.swap_callback, SWAPS_QOS,
                 callback_group=self.events_group)
-            self.get_chunks_client = self.create_client(
-                GetChunks, p["services.get_chunks"], callback_group=self.service_group)
+            self.fetcher = ChunkFetcher(self, p["services.get_chunks"], lock=self.lock,
+                                        callback_group=self.service_group,
+                                        on_fetched=self._fetched, on_failed=self._fetch_failed)
             self.fetch_timer = self.create_timer(0.5, self.fetch_watchdog_callback,
                                                  callback_group=self.events_group)
             self.probe_timer = self.create_timer(0.5, self.probe_callback,
@@ -148,57 +148,39 @@ class PolicyNode(Node):
         """Under the lock: ask the aggregator for a missing range (one request at a time)."""
         if request is None:
             return
-        self.fetch_id += 1
-        self.fetch_started_s = time.monotonic()
         self.get_logger().info(f"fetching chunks from seq {request.start_seq} " + (
             f"to {request.end_seq - 1}" if request.end_seq else "to the newest"))
-        if not self.get_chunks_client.service_is_ready():
-            return                                   # the watchdog counts it as failed
-        future = self.get_chunks_client.call_async(
-            GetChunks.Request(start_seq=request.start_seq, end_seq=request.end_seq))
-        future.add_done_callback(functools.partial(self.fetched_callback, self.fetch_id,
-                                                   request.end_seq == 0))
+        self.fetcher.fetch(request)
 
     def probe_callback(self) -> None:
         """Once at start, when the aggregator answers: fetch the history before the first chunk."""
-        if not self.get_chunks_client.service_is_ready():
+        if not self.fetcher.client.service_is_ready():
             return
         self.probe_timer.cancel()
         with self.lock:
             self._fetch(self.fold.probe())
 
-    def fetched_callback(self, fetch_id: int, probe: bool, future) -> None:
-        with self.lock:
-            if fetch_id != self.fetch_id:
-                return                               # answered after the watchdog gave up
-            self.fetch_id += 1
-            try:
-                response = future.result()
-            except Exception as exc:  # noqa: BLE001 - a failed call is a failed fetch
-                self.get_logger().warning(f"GetChunks failed: {exc}")
-                self._fetch(self.fold.on_fetch_failed())
-                return
-            events = [chunk_event(c) for c in response.chunks]
-            before = self.fold.lost
-            restarts = self.fold.counters.stream_restarts
-            first = int(response.first_available_seq)
-            self._fetch(self.fold.on_fetched_all(events, first, stream=response.stream) if probe
-                        else self.fold.on_fetched(events, first, stream=response.stream))
-            self._stream_check(restarts)
-            if self.fold.lost > before:
-                self.get_logger().warning(
-                    f"{self.fold.lost - before} chunks are no longer available from the "
-                    f"aggregator (oldest it has: {response.first_available_seq}); skipped")
+    def _fetched(self, events: list, response, probe: bool) -> None:
+        """Under the lock: fold a GetChunks answer."""
+        before = self.fold.lost
+        restarts = self.fold.counters.stream_restarts
+        first = int(response.first_available_seq)
+        self._fetch(self.fold.on_fetched_all(events, first, stream=response.stream) if probe
+                    else self.fold.on_fetched(events, first, stream=response.stream))
+        self._stream_check(restarts)
+        if self.fold.lost > before:
+            self.get_logger().warning(
+                f"{self.fold.lost - before} chunks are no longer available from the "
+                f"aggregator (oldest it has: {response.first_available_seq}); skipped")
+
+    def _fetch_failed(self) -> None:
+        self._fetch(self.fold.on_fetch_failed())
 
     def fetch_watchdog_callback(self) -> None:
         with self.lock:
-            if self.fold.order.fetching is None:
-                return
-            if time.monotonic() - self.fetch_started_s < self.params["fetch_timeout_s"]:
-                return
-            self.fetch_id += 1
-            self.get_logger().warning("GetChunks did not answer in time")
-            self._fetch(self.fold.on_fetch_failed())
+            if self.fold.order.fetching is not None and \
+                    self.fetcher.give_up_after(self.params["fetch_timeout_s"]):
+                self._fetch_failed()
 
     # -- queries -------------------------------------------------------------------------------
 

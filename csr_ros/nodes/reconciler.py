@@ -19,7 +19,6 @@ reconciliation cannot keep up, with what to change, and is always on /diagnostic
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 
@@ -33,15 +32,14 @@ from csr_ros.errors import ChunkError, ResourceError
 from csr_ros.eviction import make_policy
 from csr_ros.msg import StateChunk, SwapEvent
 from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
-                                  CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, chunk_event, declare,
-                                  load_tokenizer, node_python_logger, run,
+                                  CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, ChunkFetcher,
+                                  chunk_event, declare, load_tokenizer, node_python_logger, run,
                                   with_undeclared)
-from csr_ros.policy_core import (ChunkEvent, FetchRequest, Lost, SeqOrderer, Step,
-                                 StreamTracker, TimedResource, lost_text, make_chunk,
-                                 refused_text, state_from_params, swap_report)
+from csr_ros.policy_core import (ChunkEvent, Lost, SeqOrderer, Step, StreamTracker,
+                                 TimedResource, lost_text, make_chunk, refused_text,
+                                 state_from_params, swap_report)
 from csr_ros.reconcile.driver import Reconciler
 from csr_ros.reconcile.machine import ReconcileConfig
-from csr_ros.srv import GetChunks
 
 
 class ReconcilerNode(Node):
@@ -70,8 +68,6 @@ class ReconcilerNode(Node):
         self.urls: dict[str, str] = {}
         self.published_version: int | None = None
         self.catching_up = True                # until the aggregator's history is folded
-        self.fetch_id = 0
-        self.fetch_started_s = 0.0
         self.started_s = time.monotonic()
         self.lost_while_running = 0
 
@@ -83,8 +79,9 @@ class ReconcilerNode(Node):
         self.swaps_pub = self.create_publisher(SwapEvent, p["topics.swaps"], SWAPS_QOS)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics",
                                                      DIAGNOSTICS_QOS)
-        self.get_chunks_client = self.create_client(GetChunks, p["services.get_chunks"],
-                                                    callback_group=self.client_group)
+        self.fetcher = ChunkFetcher(self, p["services.get_chunks"], lock=self.lock,
+                                    callback_group=self.client_group,
+                                    on_fetched=self._fetched, on_failed=self._fetch_failed)
         # building resources blocks on the network: its own group, so chunks keep flowing
         self.start_timer = self.create_timer(1.0, self.start_callback,
                                              callback_group=MutuallyExclusiveCallbackGroup())
@@ -116,9 +113,9 @@ class ReconcilerNode(Node):
                 return
         with self.lock:
             if self.catching_up:
-                if self.order.fetching is None and self.get_chunks_client.service_is_ready():
-                    self._fetch(self.order.probe())
-                elif not self.get_chunks_client.service_is_ready() and \
+                if self.order.fetching is None and self.fetcher.client.service_is_ready():
+                    self.fetcher.fetch(self.order.probe())
+                elif not self.fetcher.client.service_is_ready() and \
                         time.monotonic() - self.started_s > 5.0:
                     self.get_logger().info("no GetChunks service; starting from live chunks")
                     self.catching_up = False
@@ -220,7 +217,7 @@ class ReconcilerNode(Node):
                 self._lost(item)
             else:
                 self._add(item)
-        self._fetch(step.fetch)
+        self.fetcher.fetch(step.fetch)
 
     def _add(self, event: ChunkEvent) -> None:
         if self.driver is None:
@@ -254,49 +251,27 @@ class ReconcilerNode(Node):
 
     # -- GetChunks -----------------------------------------------------------------------------
 
-    def _fetch(self, request: FetchRequest | None) -> None:
-        if request is None:
-            return
-        self.fetch_id += 1
-        self.fetch_started_s = time.monotonic()
-        if not self.get_chunks_client.service_is_ready():
-            return
-        future = self.get_chunks_client.call_async(
-            GetChunks.Request(start_seq=request.start_seq, end_seq=request.end_seq))
-        future.add_done_callback(functools.partial(self.fetched_callback, self.fetch_id,
-                                                   request.end_seq == 0))
+    def _fetched(self, events: list[ChunkEvent], response, probe: bool) -> None:
+        """Under the lock: order a GetChunks answer."""
+        for stream in {response.stream} | {e.stream for e in events}:
+            if not self._follow_stream(stream):       # an answer about a retired stream
+                self._fetch_failed()
+                return
+        first = int(response.first_available_seq)
+        self._apply(self.order.fetched_all(events, first) if probe
+                    else self.order.fetched(events, first))
+        if self.catching_up and self.order.fetching is None and \
+                self.order.next_seq >= int(response.next_seq):
+            self.catching_up = False       # the history is in; start_callback starts
 
-    def fetched_callback(self, fetch_id: int, probe: bool, future) -> None:
-        with self.lock:
-            if fetch_id != self.fetch_id:
-                return
-            self.fetch_id += 1
-            try:
-                response = future.result()
-            except Exception as exc:  # noqa: BLE001 - a failed call is a failed fetch
-                self.get_logger().warning(f"GetChunks failed: {exc}")
-                self._apply(self.order.fetch_failed())
-                return
-            events = [chunk_event(c) for c in response.chunks]
-            for stream in {response.stream} | {e.stream for e in events}:
-                if not self._follow_stream(stream):       # an answer about a retired stream
-                    self._apply(self.order.fetch_failed())
-                    return
-            first = int(response.first_available_seq)
-            self._apply(self.order.fetched_all(events, first) if probe
-                        else self.order.fetched(events, first))
-            if self.catching_up and self.order.fetching is None and \
-                    self.order.next_seq >= int(response.next_seq):
-                self.catching_up = False       # the history is in; start_callback starts
+    def _fetch_failed(self) -> None:
+        self._apply(self.order.fetch_failed())
 
     def fetch_watchdog_callback(self) -> None:
         with self.lock:
-            if self.order.fetching is None or \
-                    time.monotonic() - self.fetch_started_s < 5.0:
+            if self.order.fetching is None or not self.fetcher.give_up_after(5.0):
                 return
-            self.fetch_id += 1
-            self.get_logger().warning("GetChunks did not answer in time")
-            self._apply(self.order.fetch_failed())
+            self._fetch_failed()
             if self.catching_up and self.order.fetching is None:
                 self.catching_up = False
 
