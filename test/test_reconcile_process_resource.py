@@ -90,3 +90,27 @@ def test_background_priority_can_be_set_and_restored(resource):
     resource.set_background(False)
     if os.geteuid() == 0:                               # raising priority needs the right to
         assert os.getpriority(os.PRIO_PROCESS, resource.pid) == 0
+
+
+def _torch_threads_here(resource) -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_background_work_runs_on_its_own_threads_and_queries_on_all_of_them(state):
+    from csr_ros.resources.process import ProcessResource
+
+    resource = ProcessResource("local", name="w2", threads=2, background_threads=1,
+                               max_context_tokens=1024)
+    try:
+        assert resource.apply(_torch_threads_here) == 2
+        resource.set_background(True)                   # a warm-up or catch-up
+        assert resource.apply(_torch_threads_here) == 1
+        assert resource.load(state.static_ids).n_committed == state.n_static
+        resource.set_background(False)                  # queries again
+        assert resource.apply(_torch_threads_here) == 2
+        answer = resource.query(state.build_request(task="Next action?"), max_new_tokens=2)
+        assert answer.resource == "w2"
+    finally:
+        resource.close()

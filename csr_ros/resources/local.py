@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
+import torch
+
 from csr_ros.actions import ChoiceScores, OutputConstraint
 from csr_ros.engine import LocalEngine
 from csr_ros.errors import ConfigError, StateMismatchError
@@ -158,6 +160,13 @@ class LocalResource:
                                              vocab_size=self.engine.vocab_size,
                                              eos_ids=self.engine.eos_ids)
         return self._compiler
+
+    def set_threads(self, threads: int) -> None:
+        """torch's compute threads from the next call on (per process)."""
+        if int(threads) < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}")
+        with self._lock:
+            torch.set_num_threads(int(threads))
 
     def close(self) -> None:
         with self._lock:

@@ -10,7 +10,10 @@ parallel, each on its own core, and one that crashes takes nothing else with it.
 `set_background(True)` lowers the child's CPU priority (`background_nice`, default 10) while it does background work
 (a warm-up or catch-up) so that the primary's queries win the CPU when the machine is
 oversubscribed; `set_background(False)` restores it (raising priority back needs the right to
-do so; without it the child stays low and a warning says so once).
+do so; without it the child stays low and a warning says so once). With `background_threads`
+(and `threads`), background work also runs on that many compute threads and foreground work on
+`threads`: on 2 cores, `threads=2, background_threads=1` gives the primary both cores while its
+secondary idles, without 4 threads fighting over 2 cores while both compute.
 
 A dead child raises `ResourceUnavailableError` (its committed state is gone). `load()` replaces
 the whole committed run anyway, so it starts a fresh child first: a warm-up retry after a crash
@@ -28,7 +31,8 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from csr_ros.errors import ResourceError, ResourceTimeoutError, ResourceUnavailableError
+from csr_ros.errors import (ConfigError, ResourceError, ResourceTimeoutError,
+                             ResourceUnavailableError)
 from csr_ros.resources.base import PrefillResult, QueryResult
 from csr_ros.state import Request
 
@@ -41,14 +45,19 @@ class ProcessResource:
     supports_timeout = True
 
     def __init__(self, kind: str, *, name: str | None = None, start_timeout_s: float = 600.0,
-                 background_nice: int = 10, **options: Any):
+                 background_nice: int = 10, background_threads: int | None = None,
+                 **options: Any):
         self.kind = kind
         self.name = name or options.get("name") or kind
         self.options = {**options, "name": self.name}
         self.start_timeout_s = start_timeout_s
         self.background_nice = background_nice
+        if background_threads is not None and int(background_threads) < 1:
+            raise ConfigError(f"background_threads must be >= 1, got {background_threads}")
+        self.background_threads = background_threads
         self.restarts = 0
         self._background = False
+        self._threads_background = False
         self._priority_warned = False
         self._lock = threading.Lock()
         self._process: multiprocessing.process.BaseProcess | None = None
@@ -97,8 +106,12 @@ class ProcessResource:
             return self._call_locked(path, args, kwargs, timeout_s)
 
     def set_background(self, background: bool) -> None:
-        """Run the child at low CPU priority (background work) or normal priority."""
-        if background == self._background or not self.alive:
+        """Run the child at low CPU priority (background work) or normal priority, and with
+        `background_threads` compute threads or its own `threads` (when both are set)."""
+        if not self.alive:
+            return
+        self._set_threads(background)
+        if background == self._background:
             return
         nice = self.background_nice if background else 0
         try:
@@ -113,6 +126,17 @@ class ProcessResource:
         except (OSError, AttributeError):
             return                          # the child just exited, or no setpriority here
         self._background = background
+
+    def _set_threads(self, background: bool) -> None:
+        """Background work on `background_threads`, foreground on `threads`: a primary may use
+        every core while its secondary idles, without the two oversubscribing the CPU when
+        both compute (each thread of one would wait at every op for threads of the other)."""
+        threads = self.options.get("threads")
+        if self.background_threads is None or not threads or \
+                background == self._threads_background:
+            return
+        self.call("set_threads", self.background_threads if background else int(threads))
+        self._threads_background = background
 
     def apply(self, func: Callable[..., Any], *args: Any, timeout_s: float | None = None,
               **kwargs: Any) -> Any:
@@ -158,6 +182,7 @@ class ProcessResource:
         child.close()
         self._process, self._conn = process, parent
         self._background = False
+        self._threads_background = False
         status, payload = self._receive(self.start_timeout_s, "start")
         if status != "ready":
             self.kill()
