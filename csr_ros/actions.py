@@ -43,8 +43,8 @@ DEFAULT_MAX_CHOICES = 256
 # `auto` scores a closed list in one pass only when it is this short. Every option's tokens go
 # through that pass (the demo's 23 actions: a 73-token trie), while grammar decoding runs one
 # forward per free choice and appends the forced tokens (brackets, names) without sampling:
-# with 23 options, 1 thread, p50/p99 324/655 ms scoring against 155/420 ms decoding
-# (`csr-ros demo --cycles 3`); with up to about 8 the two cost the same.
+# with 23 options, decision p50/p99 161/319 ms scoring against 103/223 ms decoding
+# (`csr-ros demo --cycles 3 --actions choice|auto`); with up to about 8 the two cost the same.
 AUTO_MAX_CHOICES = 8
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BARE = re.compile(r"[A-Za-z0-9_.\-]+")

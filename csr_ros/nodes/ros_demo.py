@@ -52,7 +52,7 @@ def graph_params(args, episode: Episode) -> dict:
     profile = episode.typed_profile("").replace("\n\n", "\n")
     shared = {"model": args.model, "context_tokens": args.max_context_tokens,
               "profile": profile, "actions": {"vocabulary": list(episode.action_specs)},
-              "resource": {"kind": "local", "threads": args.threads, "dtype": args.dtype}}
+              "resource": {"kind": "local", "threads": args.threads or 1, "dtype": args.dtype}}
     aggregator = yaml.safe_load(ROOT_CONFIG.read_text())["/**/aggregator"]["ros__parameters"]
     # vision_msgs is not among the PyPI wheels: the episode publishes detections as text
     aggregator["source"]["detections"] = {"topic": "/detections", "type": "std_msgs/msg/String",

@@ -5,15 +5,19 @@
     csr-ros demo --cycles 3 --baseline sync --json s.json
     csr-ros demo --cycles 3 --actions free          # free text, parsed afterwards
 
-Two local engines run in two worker processes (one CPU thread each). Chunks of the episode
+Two local engines run in two worker processes: the one answering queries on --threads CPU
+threads (default: 2, or 1 on a one-core machine), the other, while it warms up or catches up,
+on --background-threads (default 1) at a lower priority, so the two never oversubscribe a
+2-core machine and the primary has both cores while its secondary idles. Chunks of the episode
 stream in at --chunk-rate-hz; the policy asks for the next action at --rate-hz; when the static
 part reaches --tau-mem tokens the secondary is warmed with the evicted state and swapped in.
 The report gives TTFT inside and outside reconciliation windows, swaps, fallbacks, retries,
 and the chunks lost, checked seq by seq against the active state and the evictions.
 
 Decisions are typed actions (csr_ros.actions) by default: the episode's vocabulary, with the
-objects filled from the camera chunks seen so far. `--actions auto` scores the closed list of
-actions in one forward pass on local engines (and sends it as a choice or grammar to servers);
+objects filled from the camera chunks seen so far. `--actions auto` scores a short closed list
+of actions in one forward pass on local engines (and sends it as a choice or grammar to
+servers) and decodes a longer one under its grammar, as the episode's 23 actions are;
 `grammar` decodes under the vocabulary's grammar; `json` under its JSON schema; `free` lets
 the model write free text, parsed afterwards. `valid_actions` counts answers that parse into
 an action of the vocabulary; `decision_latency` runs from the query's start to the last token
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -97,7 +102,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     res.add_argument("--resource", choices=["local", "openai"], default="local")
     res.add_argument("--model", default=DEFAULT_MODEL,
                      help="local: 'smollm2' or a model directory; openai: the tokenizer's model")
-    res.add_argument("--threads", type=int, default=1, help="CPU threads per local engine")
+    res.add_argument("--threads", type=int, default=None,
+                     help="CPU threads of a local engine answering queries (default: 2, or 1 "
+                          "on a one-core machine; with --ros 1, the two engines sharing one "
+                          "process)")
+    res.add_argument("--background-threads", type=int, default=1,
+                     help="CPU threads of a local engine while it warms up or catches up "
+                          "(default 1)")
     res.add_argument("--dtype", default="auto",
                      help="local engine precision: auto (default: bf16 with int4 decode weights "
                           "where the CPU computes bf16 natively, else float32), float32, "
@@ -252,7 +263,9 @@ def _make_resources(args: argparse.Namespace, n: int) -> list:
     def start(name: str) -> None:
         try:
             made[name] = ProcessResource("local", name=name, model=args.model,
-                                         threads=args.threads, dtype=args.dtype,
+                                         threads=args.threads or min(2, _n_cpus()),
+                                         dtype=args.dtype,
+                                         background_threads=args.background_threads,
                                          max_context_tokens=args.max_context_tokens)
         except BaseException as exc:
             errors.append(exc)
@@ -437,6 +450,14 @@ def _action_counts(decisions: list[Decision]) -> dict[str, int]:
         if d.valid:
             counts[d.action.name] = counts.get(d.action.name, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _n_cpus() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                     # not on Linux
+        return os.cpu_count() or 1
 
 
 def _precision(resource) -> str | None:
