@@ -4,8 +4,10 @@
     worker threads ──load / extend / query on a resource (no lock held)──▶ completion events
 
 A resource doing background work (warm-up, catch-up) is asked to yield the CPU to the
-primary's queries (`set_background`, where the backend supports it: worker processes), unless
-the viability headroom is negative, when finishing the reconciliation in time matters more.
+primary's queries (`set_background`, where the backend supports it: worker processes, at a
+lower priority and on fewer threads), unless the viability headroom is negative, when
+finishing the reconciliation in time matters more: then its priority comes back, its few
+threads stay (more would only fight the primary's for the same cores).
 
 The machine lock is held only while the pure machine handles an event and the commands are
 queued, never while a model computes. Each resource executes its commands first in, first
@@ -320,7 +322,7 @@ class Reconciler:
         if self.machine.reconciling and self.machine.secondary is not None \
                 and self._urgent_locked():
             # running background work must not miss the deadline: give it the CPU back now
-            _set_background(self.resources[self.machine.secondary], False)
+            _set_background(self.resources[self.machine.secondary], False, few_threads=True)
         self._changed.notify_all()
 
     def _dispatch(self, commands) -> None:
@@ -360,7 +362,8 @@ class Reconciler:
         kwargs = {}
         if cmd.timeout_s is not None and getattr(resource, "supports_timeout", False):
             kwargs["timeout_s"] = cmd.timeout_s
-        _set_background(resource, cmd.purpose in ("warm", "catchup") and not self._urgent())
+        reconciling = cmd.purpose in ("warm", "catchup")
+        _set_background(resource, reconciling and not self._urgent(), few_threads=reconciling)
         started_s = self.clock()
         ok = True
         try:
@@ -402,8 +405,15 @@ class Reconciler:
             self._handle(TimerFired(timer_id, now_s=self.clock()))
 
 
-def _set_background(resource: Resource, background: bool) -> None:
-    """Background work (warm-up, catch-up) yields the CPU to queries where the resource can."""
+def _set_background(resource: Resource, background: bool, *,
+                    few_threads: bool | None = None) -> None:
+    """Background work (warm-up, catch-up) yields the CPU to queries where the resource can:
+    a lower priority (`background`), and fewer compute threads (`few_threads`, default:
+    `background`; an urgent reconciliation gets its priority back, not more threads)."""
     setter = getattr(resource, "set_background", None)
-    if setter is not None:
+    if setter is None:
+        return
+    if few_threads is None or few_threads == background:
         setter(background)
+    else:
+        setter(background, few_threads=few_threads)

@@ -105,12 +105,16 @@ class ProcessResource:
         with self._lock:
             return self._call_locked(path, args, kwargs, timeout_s)
 
-    def set_background(self, background: bool) -> None:
+    def set_background(self, background: bool, *, few_threads: bool | None = None) -> None:
         """Run the child at low CPU priority (background work) or normal priority, and with
-        `background_threads` compute threads or its own `threads` (when both are set)."""
+        `background_threads` compute threads or its own `threads` (when both are set).
+
+        `few_threads` (default: `background`) sets the threads apart from the priority: a
+        reconciliation that must finish in time gets its priority back but keeps its few
+        threads, so that it and the primary never oversubscribe the CPU."""
         if not self.alive:
             return
-        self._set_threads(background)
+        self._set_threads(background if few_threads is None else few_threads)
         if background == self._background:
             return
         nice = self.background_nice if background else 0
