@@ -411,9 +411,5 @@ def _set_background(resource: Resource, background: bool, *,
     a lower priority (`background`), and fewer compute threads (`few_threads`, default:
     `background`; an urgent reconciliation gets its priority back, not more threads)."""
     setter = getattr(resource, "set_background", None)
-    if setter is None:
-        return
-    if few_threads is None or few_threads == background:
-        setter(background)
-    else:
+    if setter is not None:
         setter(background, few_threads=few_threads)
