@@ -72,13 +72,15 @@ def test_csr_and_cold_prefill_agree_on_the_hybrid_model(tiny_hybrid, tiny_hybrid
     assert csr.token_ids == cold.token_ids
 
 
-def test_greedy_decoding_matches_transformers_generate(smollm2, robot_prompt):
+def test_greedy_decoding_on_the_lean_forward_matches_transformers_generate(smollm2,
+                                                                           robot_prompt):
     static, dynamic = robot_prompt
+    assert smollm2.forward_kind == "lean" and smollm2.precision == "torch.float32"
     smollm2.extend(static)
-    ours = smollm2.query(dynamic, max_new_tokens=5, eos_ids=())
+    ours = smollm2.query(dynamic, max_new_tokens=8, eos_ids=())
     with torch.inference_mode():
         out = smollm2.model.generate(torch.tensor([list(static) + list(dynamic)]),
-                                     max_new_tokens=5, min_new_tokens=5, do_sample=False)
+                                     max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert list(ours.token_ids) == out[0, len(static) + len(dynamic):].tolist()
 
 

@@ -50,17 +50,6 @@ def test_the_lean_forward_gives_the_logits_of_transformers_forward_in_float32(ti
     assert ours.token_ids == theirs.token_ids
 
 
-def test_a_lean_engine_decodes_like_transformers_generate_on_smollm2(smollm2, robot_prompt):
-    static, dynamic = robot_prompt
-    assert smollm2.forward_kind == "lean" and smollm2.precision == "torch.float32"
-    smollm2.extend(static)
-    ours = smollm2.query(dynamic, max_new_tokens=8, eos_ids=())
-    with torch.inference_mode():
-        out = smollm2.model.generate(torch.tensor([list(static) + list(dynamic)]),
-                                     max_new_tokens=8, min_new_tokens=8, do_sample=False)
-    assert list(ours.token_ids) == out[0, len(static) + len(dynamic):].tolist()
-
-
 @pytest.mark.parametrize(("dtype", "weights"), PRECISIONS)
 def test_capsules_restore_byte_exact_and_decode_identically_in_every_precision(
         tiny_llama_model, dtype, weights):
