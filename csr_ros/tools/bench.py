@@ -64,8 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-weights", default="auto",
                         help="local engine decode-step weights: auto, float, int8, int4")
     parser.add_argument("--decode-threads", type=int, default=None,
-                        help="local engine threads for decode steps (default: 1 under --dtype "
-                             "auto, else --threads)")
+                        help="local engine threads for decode steps (default: --threads)")
     parser.add_argument("--forward", default="auto",
                         help="local engine forward: auto, lean, transformers (the reference)")
     parser.add_argument("--max-new-tokens", type=int, default=1,
