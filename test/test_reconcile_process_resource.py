@@ -114,3 +114,25 @@ def test_background_work_runs_on_its_own_threads_and_queries_on_all_of_them(stat
         assert answer.resource == "w2"
     finally:
         resource.close()
+
+
+def test_a_worker_started_again_during_background_work_stays_in_the_background(state):
+    import os
+
+    from csr_ros.resources.process import ProcessResource
+
+    resource = ProcessResource("local", name="w3", threads=2, background_threads=1,
+                               max_context_tokens=1024)
+    try:
+        resource.set_background(True)                   # a warm-up begins...
+        old_pid = resource.pid
+        resource.kill()                                 # ...and its worker dies
+        resource.set_background(True)                   # the retry asks again, to a dead child
+        assert resource.load(state.static_ids).n_committed == state.n_static
+        assert resource.pid != old_pid
+        assert os.getpriority(os.PRIO_PROCESS, resource.pid) == resource.background_nice
+        assert resource.apply(_torch_threads_here) == 1, "not every core for a secondary"
+        resource.set_background(False)
+        assert resource.apply(_torch_threads_here) == 2
+    finally:
+        resource.close()

@@ -7,7 +7,8 @@ A resource doing background work (warm-up, catch-up) is asked to yield the CPU t
 primary's queries (`set_background`, where the backend supports it: worker processes, at a
 lower priority and on fewer threads), unless the viability headroom is negative, when
 finishing the reconciliation in time matters more: then its priority comes back, its few
-threads stay (more would only fight the primary's for the same cores).
+threads stay, and the primary computes on few threads too until the swap (at equal priority,
+more threads than cores would slow the primary's queries many times over).
 
 The machine lock is held only while the pure machine handles an event and the commands are
 queued, never while a model computes. Each resource executes its commands first in, first
@@ -226,7 +227,7 @@ class Reconciler:
     def _answer(self, route: Route, max_new_tokens: int, stop: Sequence[str],
                 started_s: float, constraint=None) -> tuple[float, QueryResult]:
         resource = self.resources[route.resource]
-        _set_background(resource, False)
+        _set_background(resource, False, few_threads=self._urgent_reconciling())
         wait_s = self.clock() - started_s
         if route.cold:
             # Unordered baseline: nothing of the previous prompt is reused.
@@ -363,7 +364,8 @@ class Reconciler:
         if cmd.timeout_s is not None and getattr(resource, "supports_timeout", False):
             kwargs["timeout_s"] = cmd.timeout_s
         reconciling = cmd.purpose in ("warm", "catchup")
-        _set_background(resource, reconciling and not self._urgent(), few_threads=reconciling)
+        urgent = self._urgent_reconciling()
+        _set_background(resource, reconciling and not urgent, few_threads=reconciling or urgent)
         started_s = self.clock()
         ok = True
         try:
@@ -384,9 +386,14 @@ class Reconciler:
             self._handle(OpFinished(cmd.op_id, ok, n_tokens=len(cmd.ids), seconds=seconds,
                                     now_s=self.clock()))
 
-    def _urgent(self) -> bool:
+    def _urgent_reconciling(self) -> bool:
+        """A reconciliation is running and must finish in time. Its secondary then computes at
+        full priority, so the primary's work runs on few threads too: two resources of equal
+        priority on more threads than cores slow each other down many times over (every op
+        of one waits for a thread the other holds), the primary's queries most of all."""
         with self._lock:
-            return self._urgent_locked()
+            return (self.machine.reconciling and self.machine.secondary is not None
+                    and self._urgent_locked())
 
     def _urgent_locked(self) -> bool:
         """The reconciliation may not finish before the context is full: the headroom is

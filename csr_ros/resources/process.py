@@ -56,6 +56,7 @@ class ProcessResource:
             raise ConfigError(f"background_threads must be >= 1, got {background_threads}")
         self.background_threads = background_threads
         self.restarts = 0
+        self._wanted = (False, False)       # (background, few_threads), kept across restarts
         self._background = False
         self._threads_background = False
         self._priority_warned = False
@@ -111,10 +112,16 @@ class ProcessResource:
 
         `few_threads` (default: `background`) sets the threads apart from the priority: a
         reconciliation that must finish in time gets its priority back but keeps its few
-        threads, so that it and the primary never oversubscribe the CPU."""
+        threads, so that it and the primary never oversubscribe the CPU. A worker started
+        again after a crash starts in the state last asked for."""
+        few = background if few_threads is None else few_threads
+        self._wanted = (background, few)
         if not self.alive:
             return
-        self._set_threads(background if few_threads is None else few_threads)
+        self._set_threads(few)
+        self._set_priority(background)
+
+    def _set_priority(self, background: bool) -> None:
         if background == self._background:
             return
         nice = self.background_nice if background else 0
@@ -141,6 +148,16 @@ class ProcessResource:
             return
         self.call("set_threads", self.background_threads if background else int(threads))
         self._threads_background = background
+
+    def _restore_wanted_locked(self) -> None:
+        """A new child computes as its predecessor was last asked to: a secondary restarted
+        during a warm-up must not take every core from the primary."""
+        background, few = self._wanted
+        threads = self.options.get("threads")
+        if few and self.background_threads is not None and threads:
+            self._call_locked("set_threads", (self.background_threads,), {}, None)
+            self._threads_background = True
+        self._set_priority(background)
 
     def apply(self, func: Callable[..., Any], *args: Any, timeout_s: float | None = None,
               **kwargs: Any) -> Any:
@@ -187,12 +204,18 @@ class ProcessResource:
         self._process, self._conn = process, parent
         self._background = False
         self._threads_background = False
+        if self._wanted[0]:
+            try:        # its start (imports, weights) yields too; its threads inherit this
+                os.setpriority(os.PRIO_PROCESS, process.pid, self.background_nice)
+            except OSError:
+                pass
         status, payload = self._receive(self.start_timeout_s, "start")
         if status != "ready":
             self.kill()
             raise _as_exception(payload)
         self.max_context_tokens = payload["max_context_tokens"]
         log.info("resource %s (%s) ready in worker process %d", self.name, self.kind, process.pid)
+        self._restore_wanted_locked()
 
     def _call_locked(self, path: str | Callable, args: tuple, kwargs: dict,
                      timeout_s: float | None) -> Any:
