@@ -321,8 +321,7 @@ class Reconciler:
         self._dispatch(commands)
         if was_reconciling and not self.machine.reconciling and self.windows:
             self.windows[-1] = (self.windows[-1][0], now_s)
-        if self.machine.reconciling and self.machine.secondary is not None \
-                and self._urgent_locked():
+        if self._urgent_reconciling_locked():
             # running background work must not miss the deadline: give it the CPU back now
             _set_background(self.resources[self.machine.secondary], False, few_threads=True)
         self._changed.notify_all()
@@ -393,8 +392,11 @@ class Reconciler:
         priority on more threads than cores slow each other down many times over (every op
         of one waits for a thread the other holds), the primary's queries most of all."""
         with self._lock:
-            return (self.machine.reconciling and self.machine.secondary is not None
-                    and self._urgent_locked())
+            return self._urgent_reconciling_locked()
+
+    def _urgent_reconciling_locked(self) -> bool:
+        return (self.machine.reconciling and self.machine.secondary is not None
+                and self._urgent_locked())
 
     def _urgent_locked(self) -> bool:
         """The reconciliation may not finish before the context is full: the headroom is

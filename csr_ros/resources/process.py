@@ -118,7 +118,9 @@ class ProcessResource:
         self._wanted = (background, few)
         if not self.alive:
             return
-        self._set_threads(few)
+        if self._threads_differ(few):   # the lock only for a change: a busy child holds it
+            with self._lock:
+                self._set_threads_locked(few)
         self._set_priority(background)
 
     def _set_priority(self, background: bool) -> None:
@@ -138,25 +140,25 @@ class ProcessResource:
             return                          # the child just exited, or no setpriority here
         self._background = background
 
-    def _set_threads(self, background: bool) -> None:
+    def _set_threads_locked(self, background: bool) -> None:
         """Background work on `background_threads`, foreground on `threads`: a primary may use
         every core while its secondary idles, without the two oversubscribing the CPU when
         both compute (each thread of one would wait at every op for threads of the other)."""
-        threads = self.options.get("threads")
-        if self.background_threads is None or not threads or \
-                background == self._threads_background:
+        if not self._threads_differ(background):
             return
-        self.call("set_threads", self.background_threads if background else int(threads))
+        threads = self.background_threads if background else int(self.options["threads"])
+        self._call_locked("set_threads", (threads,), {}, None)
         self._threads_background = background
+
+    def _threads_differ(self, background: bool) -> bool:
+        return (self.background_threads is not None and bool(self.options.get("threads"))
+                and background != self._threads_background)
 
     def _restore_wanted_locked(self) -> None:
         """A new child computes as its predecessor was last asked to: a secondary restarted
         during a warm-up must not take every core from the primary."""
         background, few = self._wanted
-        threads = self.options.get("threads")
-        if few and self.background_threads is not None and threads:
-            self._call_locked("set_threads", (self.background_threads,), {}, None)
-            self._threads_background = True
+        self._set_threads_locked(few)
         self._set_priority(background)
 
     def apply(self, func: Callable[..., Any], *args: Any, timeout_s: float | None = None,
