@@ -50,6 +50,21 @@ def test_the_lean_forward_gives_the_logits_of_transformers_forward_in_float32(ti
     assert ours.token_ids == theirs.token_ids
 
 
+def test_the_last_rows_of_a_lean_block_carry_the_logits_of_transformers_full_forward(
+        tiny_llama_model):
+    # The lean forward runs the last layer's attention and MLP for the rows that reach the output
+    # head only; every row's K/V is still written, so later tokens see the whole block.
+    engine = _tiny(tiny_llama_model)
+    with torch.inference_mode():
+        full = engine.model(torch.tensor([PROMPT[:40]])).logits[0]          # [40, V]
+        for start, stop in ((0, 30), (30, 37), (37, 40)):     # causal from empty, then cached
+            ids = torch.tensor(PROMPT[start:stop])
+            engine.cache.begin_write(stop - start)
+            rows = engine._lean.forward(ids, engine._buffers, start, n_logits=3)
+            engine.cache.advance(stop - start)
+            assert torch.allclose(rows, full[stop - 3:stop], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(("dtype", "weights"), PRECISIONS)
 def test_capsules_restore_byte_exact_and_decode_identically_in_every_precision(
         tiny_llama_model, dtype, weights):

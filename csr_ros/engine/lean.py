@@ -11,6 +11,9 @@ table, grouped-query attention reading the K/V buffers in place), and nothing el
                        → rmsnorm → gate/up → down]
           → rmsnorm (last position only) → lm_head
 
+The last layer writes every row's K/V but runs attention and MLP only for the rows that reach
+lm_head (one for a prefill block or a query: 1/30 of its attention and MLP on SmolLM2).
+
 Weights stay transformers' tensors for float formats (fused copies replace the separate ones, the
 transformers modules see views of them, so memory is not doubled and `model` stays the reference).
 Decode steps may run weight-only quantized copies kept next to the float model:
@@ -215,14 +218,15 @@ class LeanLlama:
             cos, sin = self.cos[positions], self.sin[positions]
         half = self.head_dim // 2
         n_qk = self.n_heads + self.n_kv
-        causal = False
+        causal, tree_mask = False, mask
         if not one and mask is None:
             if pos == 0:
                 causal = True      # nothing cached: SDPA's top-left causal mask is the right one
             else:
                 rows = torch.arange(pos, end, device=x.device)[:, None]
                 mask = torch.arange(end, device=x.device)[None, :] <= rows   # [q, end]
-        for layer, (keys_buf, values_buf) in zip(self.layers, buffers):
+        last = len(self.layers) - 1
+        for i, (layer, (keys_buf, values_buf)) in enumerate(zip(self.layers, buffers)):
             qkv, o, gate_up, down = layer.step if step else layer.block
             h = _rms_norm(x, layer.ln1, self.eps)
             qkvh = qkv(h)
@@ -234,18 +238,24 @@ class LeanLlama:
             keys_buf[:, pos:end].copy_(kh)
             values_buf[:, pos:end].copy_(vh.transpose(0, 1))
             keys, values = keys_buf[None, :, :end], values_buf[None, :, :end]
-            if one:
-                # One query: every cached position is visible; the query heads of a K/V group
+            rows, layer_mask, layer_causal = q, mask, causal
+            if i == last and n_logits < q:
+                # Only the last n_logits rows reach the output head: the other rows' K/V are
+                # written above, and their attention and MLP in this layer would go unused.
+                rows, x, qh = n_logits, x[-n_logits:], qh[:, -n_logits:]
+                layer_mask, layer_causal = _tail_mask(tree_mask, n_logits, end, x.device), False
+            if rows == 1 and layer_mask is None:
+                # One query row that sees every cached position: the query heads of a K/V group
                 # become that group's "queries", so K/V are read once and never repeated.
                 out = F.scaled_dot_product_attention(
                     qh.reshape(1, self.n_kv, self.groups, self.head_dim), keys, values,
                     scale=self.scale)
                 out = out.reshape(1, self.n_heads * self.head_dim)
             else:
-                out = F.scaled_dot_product_attention(qh[None], keys, values, attn_mask=mask,
-                                                     is_causal=causal, scale=self.scale,
+                out = F.scaled_dot_product_attention(qh[None], keys, values, attn_mask=layer_mask,
+                                                     is_causal=layer_causal, scale=self.scale,
                                                      enable_gqa=True)
-                out = out[0].transpose(0, 1).reshape(q, self.n_heads * self.head_dim)
+                out = out[0].transpose(0, 1).reshape(rows, self.n_heads * self.head_dim)
             x = x + o(out)
             h = _rms_norm(x, layer.ln2, self.eps)
             gate, up = gate_up(h).chunk(2, dim=-1)
@@ -257,6 +267,18 @@ class LeanLlama:
 
 def _cat(modules: list) -> torch.Tensor:
     return torch.cat([m.weight for m in modules], dim=0)
+
+
+def _tail_mask(tree_mask: torch.Tensor | None, n_rows: int, end: int,
+               device: torch.device) -> torch.Tensor | None:
+    """The mask of the last `n_rows` query rows of a block that ends at key `end`: those rows of
+    a given (tree) mask, else causal rows (none for one row: the last row sees every key)."""
+    if tree_mask is not None:
+        return tree_mask[-n_rows:]
+    if n_rows == 1:
+        return None
+    rows = torch.arange(end - n_rows, end, device=device)[:, None]
+    return torch.arange(end, device=device)[None, :] <= rows
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
