@@ -223,8 +223,7 @@ class LeanLlama:
             if pos == 0:
                 causal = True      # nothing cached: SDPA's top-left causal mask is the right one
             else:
-                rows = torch.arange(pos, end, device=x.device)[:, None]
-                mask = torch.arange(end, device=x.device)[None, :] <= rows   # [q, end]
+                mask = _causal_mask(pos, end, x.device)                        # [q, end]
         last = len(self.layers) - 1
         for i, (layer, (keys_buf, values_buf)) in enumerate(zip(self.layers, buffers)):
             qkv, o, gate_up, down = layer.step if step else layer.block
@@ -277,7 +276,12 @@ def _tail_mask(tree_mask: torch.Tensor | None, n_rows: int, end: int,
         return tree_mask[-n_rows:]
     if n_rows == 1:
         return None
-    rows = torch.arange(end - n_rows, end, device=device)[:, None]
+    return _causal_mask(end - n_rows, end, device)
+
+
+def _causal_mask(start: int, end: int, device: torch.device) -> torch.Tensor:
+    """[end - start, end] bool: query row i (at position start + i) sees keys 0..start + i."""
+    rows = torch.arange(start, end, device=device)[:, None]
     return torch.arange(end, device=device)[None, :] <= rows
 
 
