@@ -14,6 +14,7 @@ their outputs back into ROS calls. Pure: no rclpy, no threads, no clocks (times 
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -643,6 +644,53 @@ def rate_shortfall(rate: float, rate_hz: float, ttft_p50_s: float | None,
         msg += (", shorter than the period: queries failed or waited (see failed_queries and "
                 "the last error)")
     return msg
+
+
+def keep_up_warning(stats: QueryStats, rate_hz: float, now_s: float, *,
+                    capacity: Mapping | None = None) -> str | None:
+    """Why the policy is not keeping up, with the numbers and what to change; None while it is.
+
+    Said as soon as it shows: the achieved rate below RATE_SHORTFALL of `rate_hz`, or the last
+    three decisions each longer than the period (before the rate window has caught up), or the
+    reconciler's capacity verdict that reconciliation cannot keep up with the arrivals."""
+    if not stats.decision_s:       # nothing decided yet (a model still loading): no verdict
+        return capacity["message"] if capacity and capacity.get("viable") is False else None
+    period_s = 1 / rate_hz
+    rate = stats.decisions_per_s(now_s)
+    recent = list(stats.decision_s)[-3:]
+    slow = len(recent) == 3 and min(recent) > period_s
+    if slow:        # each of them longer than the period: at most this rate, whatever came before
+        rate = min(rate if rate is not None else rate_hz, 1 / statistics.fmean(recent))
+    if rate is not None and rate < RATE_SHORTFALL * rate_hz:
+        return "the policy cannot keep up: " + rate_shortfall(
+            rate, rate_hz, stats.ttft_percentile_s(50), stats.decision_percentile_s(50))
+    if capacity and capacity.get("viable") is False:
+        return capacity["message"]
+    return None
+
+
+class Announcer:
+    """When to log a warning that lasts: at once when it appears or changes kind, then every
+    `repeat_s` while it lasts, and once (an info) when it clears. The kind of a message is its
+    text without the numbers, so changing figures do not count as a new warning."""
+
+    def __init__(self, repeat_s: float = 30.0):
+        self.repeat_s = repeat_s
+        self._kind: str | None = None
+        self._said_s = float("-inf")
+
+    def update(self, message: str | None, now_s: float) -> tuple[str, str] | None:
+        """(level 'warning' | 'info', text) to log now, or None."""
+        if message is None:
+            if self._kind is None:
+                return None
+            self._kind = None
+            return "info", "keeping up again"
+        kind = re.sub(r"[0-9.]+", "#", message)
+        if kind != self._kind or now_s - self._said_s >= self.repeat_s:
+            self._kind, self._said_s = kind, now_s
+            return "warning", message
+        return None
 
 
 def state_view(fold: StateFold) -> dict:

@@ -39,9 +39,10 @@ from csr_ros.nodes.common import (route_library_logging, unroute_library_logging
                                   CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS,
                                   SWAPS_QOS, ChunkFetcher, chunk_event, declare, load_tokenizer,
                                   run, time_msg, with_undeclared)
-from csr_ros.policy_core import (ERROR, OK, WARN, FetchRequest, InstantValue, QueryScheduler,
-                                 QueryStats, StateFold, SwapEvent, build_suffix, diagnose,
-                                 state_from_params, vocabulary_from_params)
+from csr_ros.policy_core import (ERROR, OK, WARN, Announcer, FetchRequest, InstantValue,
+                                 QueryScheduler, QueryStats, StateFold, SwapEvent, build_suffix,
+                                 diagnose, keep_up_warning, state_from_params,
+                                 vocabulary_from_params)
 from csr_ros.render import episode_origin_ns
 from csr_ros.srv import Query
 
@@ -63,6 +64,7 @@ class PolicyNode(Node):
         self.lock = threading.Condition()      # fold, scheduler, stats, instant values
         self.scheduler = QueryScheduler(rate_hz=p["rate_hz"])
         self.stats = QueryStats(started_s=time.monotonic())
+        self.keep_up = Announcer()     # logs when the policy or reconciliation falls behind
         self.instant: dict[str, InstantValue] = {}
         self.closing = False
         self.worker = _QueryWorker()
@@ -357,6 +359,12 @@ class PolicyNode(Node):
                              capacity=capacity.as_dict() if capacity is not None else None)
             else:
                 d = diagnose(self.fold, self.scheduler, self.stats, now_s=now_s)
+            said = self.keep_up.update(keep_up_warning(
+                self.stats, self.scheduler.rate_hz, now_s,
+                capacity=capacity.as_dict() if capacity is not None else None), now_s)
+        if said is not None:
+            log = self.get_logger()
+            (log.warning if said[0] == "warning" else log.info)(said[1])
         status = DiagnosticStatus(level=_LEVELS[d.level], name=f"csr_ros: {self.get_name()}",
                                   message=d.message, hardware_id=self.get_fully_qualified_name(),
                                   values=[KeyValue(key=k, value=v) for k, v in d.values])

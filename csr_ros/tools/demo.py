@@ -43,6 +43,7 @@ from csr_ros.errors import ConfigError
 from csr_ros.eviction import make_policy
 from csr_ros.layout import Layout
 from csr_ros.model_store import DEFAULT_MODEL, resolve_model_dir
+from csr_ros.policy_core import Announcer, QueryStats, keep_up_warning
 from csr_ros.reconcile.driver import QueryOutcome, Reconciler
 from csr_ros.reconcile.machine import Phase, ReconcileConfig
 from csr_ros.state import CsrState
@@ -50,6 +51,7 @@ from csr_ros.tokenizer import HFTokenizer
 
 log = logging.getLogger(__name__)
 
+END_GRACE_S = 10.0     # after the last cycle: at most this long for the closing decisions
 DEFAULTS = {
     "cycles": 3,
     "tau_mem": 1536,
@@ -170,6 +172,8 @@ class _Run:
     decisions: list[Decision] = field(default_factory=list)      # one per answered query
     seen: SeenValues | None = None
     seen_lock: threading.Lock = field(default_factory=threading.Lock)
+    stats: QueryStats = field(default_factory=QueryStats)        # what keep_up_warning reads
+    behind: list[str] = field(default_factory=list)              # keep-up warnings, as logged
 
 
 def run_demo(args: argparse.Namespace) -> dict:
@@ -219,9 +223,9 @@ def _run_episode(args: argparse.Namespace, mode: str, config: ReconcileConfig,
             threads.append(threading.Thread(target=_kill_during_warmup,
                                             args=(rec, args.inject_kill_warmup, r),
                                             name="fault", daemon=True))
-        if not args.no_progress:
-            threads.append(threading.Thread(target=_progress, args=(rec, r, started_s),
-                                            name="progress", daemon=True))
+        threads.append(threading.Thread(target=_progress, name="progress", daemon=True,
+                                        args=(rec, r, started_s, args.rate_hz,
+                                              not args.no_progress)))
         for thread in threads:
             thread.start()
         _decide(rec, episode, vocab, r, args, started_s)
@@ -300,15 +304,21 @@ def _decide(rec: Reconciler, episode: Episode, vocab: Vocabulary, r: _Run, args,
     """The policy loop: one decision per tick; a late decision skips the ticks it overran."""
     period_s = 1.0 / args.rate_hz
     tick = 0
-    cycles_done_at: int | None = None
+    cycles_done_at: tuple[int, float] | None = None     # (outcomes, monotonic time)
+    with r.seen_lock:
+        r.stats.started_s = started_s
     while True:
         now_s = time.monotonic()
         elapsed_s = now_s - started_s
         if args.duration_s is not None and elapsed_s >= args.duration_s:
             return
         if rec.machine.counters.cycles >= args.cycles > 0:
-            cycles_done_at = len(r.outcomes) if cycles_done_at is None else cycles_done_at
-            if len(r.outcomes) - cycles_done_at >= 3:     # a few decisions on the last version
+            # --cycles counts every completed eviction, swapped or fallen back; then a few
+            # decisions on the last version, or END_GRACE_S when decisions are slow
+            cycles_done_at = (len(r.outcomes), now_s) if cycles_done_at is None \
+                else cycles_done_at
+            if len(r.outcomes) - cycles_done_at[0] >= 3 or \
+                    now_s - cycles_done_at[1] >= END_GRACE_S:
                 return
         with r.seen_lock:
             bound = vocab.bind(r.seen.values())
@@ -319,6 +329,8 @@ def _decide(rec: Reconciler, episode: Episode, vocab: Vocabulary, r: _Run, args,
         r.outcomes.append(outcome)
         if outcome.ok:
             result = outcome.result
+            with r.seen_lock:
+                r.stats.record(result, 0, ttft_s=outcome.ttft_s, now_s=time.monotonic())
             r.decisions.append(bound.decide(result.text, constrained=result.constrained,
                                             finish_reason=result.finish_reason,
                                             max_new_tokens=args.max_new_tokens))
@@ -351,18 +363,45 @@ def _kill_during_warmup(rec: Reconciler, n: int, r: _Run) -> None:
                 return
 
 
-def _progress(rec: Reconciler, r: _Run, started_s: float) -> None:
-    tty = sys.stderr.isatty()
+def _progress(rec: Reconciler, r: _Run, started_s: float, rate_hz: float,
+              live_line: bool) -> None:
+    """The live line (unless --no-progress), and on stderr a warning with the numbers and what
+    to change as soon as the policy or the reconciliation cannot keep up
+    (policy_core.keep_up_warning, as the policy node says it)."""
+    tty = live_line and sys.stderr.isatty()
     last_print_s = 0.0
+    announcer = Announcer()
+    fallbacks_said = 0
     while not r.stop.wait(0.5):
         s = rec.snapshot()
+        now_s = time.monotonic()
+        capacity = rec.capacity()
+        with r.seen_lock:
+            behind = keep_up_warning(r.stats, rate_hz, now_s,
+                                     capacity=capacity.as_dict() if capacity else None)
+        said = announcer.update(behind, now_s)
+        news = []
+        if said is not None:
+            news.append(f"{said[0]}: {said[1]}")
+        if s["fallbacks"] > fallbacks_said:
+            fallbacks_said = s["fallbacks"]
+            news.append(f"warning: synchronous fallback {fallbacks_said} (the context filled "
+                        "before the secondary was ready; the primary stalled while it "
+                        f"re-prefilled); {capacity.message if capacity and capacity.viable is False else ''}"
+                        .rstrip("; "))
+        for text in news:
+            if text.startswith("warning"):
+                r.behind.append(text)
+            print(("\n" if tty else "") + text, file=sys.stderr, flush=True)
+        if not live_line:
+            continue
         last = next((o for o in reversed(r.outcomes) if o.ttft_s is not None), None)
         headroom = "-" if s["headroom_s"] is None else f"{s['headroom_s']:.0f}s"
         line = (f"{time.monotonic() - started_s:6.1f}s chunks {s['chunks_in']:4d} static "
                 f"{s['n_static_tokens']:5d} tok v{s['version']} {s['phase']:<7} ttft "
                 f"{'-' if last is None else f'{last.ttft_s:.3f}s'} cycles {s['cycles']} "
                 f"swaps {s['swaps']} fallbacks {s['fallbacks']} retries {s['retries']} "
-                f"headroom {headroom}")
+                f"headroom {headroom}{'  BEHIND' if behind else ''}")
         if tty:
             print("\r" + line.ljust(120), end="", file=sys.stderr, flush=True)
         elif time.monotonic() - last_print_s >= 10.0:
@@ -433,6 +472,8 @@ def _summarize(rec: Reconciler, r: _Run, args, mode: str, started_s: float,
                                                 "dt_warm_s", "dt_recon_s", "time_to_full_s")},
         "headroom_s": viability["headroom_s"],
         "headroom_min_s": min(r.headrooms_s) if r.headrooms_s else None,
+        "keep_up_warnings": len(r.behind),
+        "keep_up_last_warning": r.behind[-1] if r.behind else None,
         "samples": [{"t_s": round(o.started_s - started_s, 4), "ttft_s": round(o.ttft_s, 5),
                      "inside": o.inside_window, "version": int(o.request.version),
                      "n_static": o.request.n_static, "resource": o.resource}
@@ -547,6 +588,9 @@ def format_report(s: dict) -> str:
         end = "-" if s["headroom_s"] is None else f"{s['headroom_s']:.1f} s"
         lines.append(f"  viability headroom {end} at the end, {s['headroom_min_s']:.1f} s at "
                      "worst (paper eq. 54)")
+    if s.get("keep_up_warnings"):
+        lines.append(f"  did not keep up ({s['keep_up_warnings']} warnings); the last: "
+                     f"{s['keep_up_last_warning']}")
     if "chunk_log_rebuilds_state" in s:
         lines.append(f"  chunk log rebuilds the same state: {s['chunk_log_rebuilds_state']}")
     return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""The policy says when it cannot keep up, with the numbers and what to change (pure parts)."""
+
+from __future__ import annotations
+
+from csr_ros.policy_core import Announcer, QueryStats, keep_up_warning
+from csr_ros.resources.base import QueryResult
+
+
+def _result(ttft_s: float, decode_s: float) -> QueryResult:
+    return QueryResult(text="wait()", token_ids=(1, 2), ttft_s=ttft_s, decode_s=decode_s,
+                       n_prompt=100, n_extended=0, cached_tokens=None, finish_reason="stop")
+
+
+def _decide_every(stats: QueryStats, period_s: float, took_s: float, n: int) -> float:
+    """n decisions back to back, each `took_s` long, starting a new one every max(period, took)."""
+    now_s = stats.started_s
+    for _ in range(n):
+        now_s += max(period_s, took_s)
+        stats.record(_result(took_s * 0.8, took_s * 0.2), 0, now_s=now_s)
+    return now_s
+
+
+def test_a_policy_that_decides_within_its_period_gets_no_warning():
+    stats = QueryStats(started_s=0.0)
+    now_s = _decide_every(stats, 0.5, 0.2, 40)
+    assert keep_up_warning(stats, 2.0, now_s) is None
+
+
+def test_a_policy_slower_than_its_period_is_told_so_with_the_numbers_and_a_lower_rate():
+    stats = QueryStats(started_s=0.0)
+    now_s = _decide_every(stats, 0.5, 2.0, 3)
+    message = keep_up_warning(stats, 2.0, now_s)
+    assert message is not None and message.startswith("the policy cannot keep up")
+    assert "rate_hz 2" in message and "2.00 s" in message and "period 0.50 s" in message
+    assert "lower rate_hz to 0.4" in message
+
+
+def test_three_slow_decisions_are_enough_before_the_rate_window_has_filled():
+    stats = QueryStats(started_s=0.0)
+    now_s = _decide_every(stats, 0.5, 0.2, 60)       # 30 s of keeping up
+    now_s = _decide_every_from(stats, now_s, 1.5, 3)  # then three slow ones
+    assert stats.decisions_per_s(now_s) > 0.8 * 2.0  # the 30 s window still looks fine
+    assert keep_up_warning(stats, 2.0, now_s).startswith("the policy cannot keep up")
+
+
+def _decide_every_from(stats: QueryStats, now_s: float, took_s: float, n: int) -> float:
+    for _ in range(n):
+        now_s += took_s
+        stats.record(_result(took_s * 0.8, took_s * 0.2), 0, now_s=now_s)
+    return now_s
+
+
+def test_a_reconciliation_that_cannot_keep_up_is_said_with_the_capacity_verdict():
+    stats = QueryStats(started_s=0.0)
+    now_s = _decide_every(stats, 0.5, 0.2, 10)
+    capacity = {"viable": False, "message": "arrival exceeds what the resources can reconcile"}
+    assert keep_up_warning(stats, 2.0, now_s, capacity=capacity) == capacity["message"]
+    assert keep_up_warning(stats, 2.0, now_s, capacity={"viable": True, "message": "ok"}) is None
+
+
+def test_nothing_is_said_before_the_first_decision():
+    stats = QueryStats(started_s=0.0)
+    assert keep_up_warning(stats, 2.0, 30.0) is None
+
+
+def test_the_announcer_says_a_warning_at_once_then_only_every_repeat_interval_and_when_it_clears():
+    announcer = Announcer(repeat_s=30.0)
+    assert announcer.update(None, 0.0) is None
+    assert announcer.update("decisions take 2.10 s", 1.0) == ("warning", "decisions take 2.10 s")
+    assert announcer.update("decisions take 2.35 s", 2.0) is None       # same kind, new figures
+    assert announcer.update("arrival exceeds 3.0 tokens/s", 3.0)[0] == "warning"  # new kind
+    assert announcer.update("arrival exceeds 3.5 tokens/s", 20.0) is None
+    assert announcer.update("arrival exceeds 3.5 tokens/s", 33.0)[0] == "warning"  # repeated
+    assert announcer.update(None, 34.0) == ("info", "keeping up again")
+    assert announcer.update(None, 35.0) is None
