@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "patrol": ("patrol", "write a deterministic home-patrol rosbag2 with its ground truth"),
     "check-params": ("check_params", "validate a parameters file of the ROS 2 nodes"),
     "eval": ("eval", "memory recall against decision latency: CSR, window, BM25, no memory"),
+    "gateway": ("gateway", "an OpenAI-compatible HTTP front door over the reconciler"),
 }
 
 

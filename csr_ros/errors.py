@@ -89,3 +89,11 @@ class ActionSpecError(ConfigError):
 
 class ActionParseError(CsrError, ValueError):
     """A decision's text is not an action of the vocabulary."""
+
+
+class GatewayRequestError(CsrError, ValueError):
+    """A request to `csr-ros gateway` is malformed or asks for what the gateway does not do."""
+
+
+class GatewayBusyError(CsrError):
+    """Every session slot of the gateway holds a session with a request in flight."""

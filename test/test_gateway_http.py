@@ -1,0 +1,291 @@
+"""`csr-ros gateway` as a real process on loopback, over real llama.cpp servers, with the
+`openai` client package and with plain httpx."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from csr_ros.servers import LOOPBACK, ManagedServer, free_port
+from llama_server import llama_server, llama_server_pair  # noqa: F401  (fixtures)
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+SYSTEM = {"role": "system", "content": "You are the policy of a home robot. Answer briefly."}
+
+
+class GatewayProcess:
+    def __init__(self, urls: tuple[str, str], log_path: Path, *extra: str):
+        self.port = free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        self.log_path = log_path
+        self._server = ManagedServer(
+            name=f"gateway:{self.port}", url=self.url, log_path=log_path,
+            command=[sys.executable, "-P", "-m", "csr_ros.cli", "gateway", "--resource",
+                     "openai", "--r1", urls[0], "--r2", urls[1], "--port", str(self.port),
+                     "--max-context-tokens", "4096", "--tau-mem", "3072", *extra])
+
+    def __enter__(self) -> "GatewayProcess":
+        self._server.start(timeout_s=120.0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.stop()
+
+    def client(self):
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0,
+                             timeout=300.0)
+
+    def sessions(self) -> dict:
+        return {s["session"]: s for s in httpx.get(f"{self.url}/v1/csr/sessions").json()[
+            "sessions"]}
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+@pytest.fixture(scope="module")
+def gateway(llama_server, tmp_path_factory):  # noqa: F811
+    """One gateway over one llama.cpp server (R1 and R2 on the same server)."""
+    log_path = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    with GatewayProcess((llama_server.url, llama_server.url), log_path) as process:
+        yield process
+
+
+def post(gateway, path: str, body: dict, session: str | None = None) -> httpx.Response:
+    headers = {} if session is None else {"X-Session-Id": session}
+    return httpx.post(f"{gateway.url}{path}", json=body, headers=headers, timeout=300.0)
+
+
+def test_the_openai_client_gets_the_cached_state_of_an_append_only_chat(gateway):
+    client = gateway.client()
+    messages = [SYSTEM, {"role": "user", "content": "Where is the red cup?"}]
+    first = client.chat.completions.create(model="csr-ros", messages=messages, max_tokens=8,
+                                           user="cached-chat")
+    answer = first.choices[0].message.content
+    assert answer and first.choices[0].finish_reason in ("stop", "length")
+    assert first.model_extra["csr"]["new_version"] is True
+    assert first.usage.completion_tokens >= 1
+    messages += [{"role": "assistant", "content": answer},
+                 {"role": "user", "content": "And where are the keys?"}]
+    second = client.chat.completions.create(model="csr-ros", messages=messages, max_tokens=8,
+                                            user="cached-chat")
+    csr = second.model_extra["csr"]
+    # the two messages the first answer added were appended; the first request's static part
+    # (the profile) and then those chunks are what the resource held when it was asked
+    assert csr["new_version"] is False and csr["version"] == 1
+    assert csr["appended"] == 2 and csr["held"] == 0
+    assert second.usage.prompt_tokens == csr["n_static"] + csr["n_dynamic"]
+    assert second.usage.prompt_tokens_details.cached_tokens >= \
+        first.model_extra["csr"]["n_static"]
+    assert second.usage.prompt_tokens_details.cached_tokens <= csr["n_static"]
+    messages += [{"role": "assistant", "content": second.choices[0].message.content},
+                 {"role": "user", "content": "Thanks. What next?"}]
+    third = client.chat.completions.create(model="csr-ros", messages=messages, max_tokens=8,
+                                           user="cached-chat")
+    assert third.model_extra["csr"]["held"] == 2 and third.model_extra["csr"]["appended"] == 2
+    assert third.usage.prompt_tokens_details.cached_tokens >= csr["n_static"]
+    assert gateway.sessions()["cached-chat"]["new_versions"] == 0
+    assert gateway.sessions()["cached-chat"]["messages"] == 4
+
+
+def test_a_streamed_chat_over_the_openai_client_carries_tokens_and_usage(gateway):
+    client = gateway.client()
+    messages = [SYSTEM, {"role": "user", "content": "Say hello to Ana."}]
+    stream = client.chat.completions.create(model="csr-ros", messages=messages, max_tokens=8,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_headers={"X-Session-Id": "streamed"})
+    events = list(stream)
+    pieces = [e.choices[0].delta.content for e in events if e.choices and
+              e.choices[0].delta.content]
+    finishes = [e.choices[0].finish_reason for e in events if e.choices and
+                e.choices[0].finish_reason]
+    usage = events[-1].usage
+    assert events[0].choices[0].delta.role == "assistant"
+    assert pieces and finishes in (["stop"], ["length"])
+    assert usage.completion_tokens == len(pieces) or finishes == ["stop"]
+    assert usage.prompt_tokens > 0 and usage.prompt_tokens_details.cached_tokens >= 0
+    messages += [{"role": "assistant", "content": "".join(pieces)},
+                 {"role": "user", "content": "Now say goodbye."}]
+    again = list(client.chat.completions.create(
+        model="csr-ros", messages=messages, max_tokens=8, stream=True,
+        stream_options={"include_usage": True}, extra_headers={"X-Session-Id": "streamed"}))
+    assert again[-1].usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - \
+        again[0].model_extra["csr"]["n_dynamic"] - 1
+    assert again[0].model_extra["csr"]["new_version"] is False
+    assert again[0].model_extra["csr"]["appended"] == 2
+
+
+def test_a_client_that_breaks_the_prefix_starts_a_visible_new_version(gateway):
+    history = [SYSTEM, {"role": "user", "content": "Go to the kitchen."},
+               {"role": "assistant", "content": "go_to(kitchen)"}]
+    body = {"messages": history + [{"role": "user", "content": "What do you see?"}],
+            "max_tokens": 4}
+    first = post(gateway, "/v1/chat/completions", body, session="breaker")
+    assert first.status_code == 200, first.text
+    assert first.headers["X-CSR-Version"] == "1"
+    edited = [SYSTEM, {"role": "user", "content": "Go to the office."}] + history[2:]
+    second = post(gateway, "/v1/chat/completions",
+                  {"messages": edited + [{"role": "user", "content": "What do you see?"}],
+                   "max_tokens": 4}, session="breaker")
+    assert second.status_code == 200, second.text
+    assert second.headers["X-CSR-New-Version"] == "1"
+    assert second.headers["X-CSR-Version"] == "2"
+    csr = second.json()["csr"]
+    assert csr["new_version"] and "history message 0 differs" in csr["reason"]
+    assert csr["appended"] == 2
+    assert gateway.sessions()["breaker"]["new_versions"] == 1
+    assert "session 'breaker': version 2 (history message 0 differs" in gateway.log()
+    # the new version is held: resending it extends it again
+    third = post(gateway, "/v1/chat/completions",
+                 {"messages": edited + [{"role": "user", "content": "Anything else?"}],
+                  "max_tokens": 4}, session="breaker")
+    assert third.headers["X-CSR-New-Version"] == "0" and third.json()["csr"]["held"] == 2
+
+
+def test_two_clients_at_once_get_two_sessions_with_their_own_state(gateway):
+    conversations = {
+        "robot-a": [SYSTEM, {"role": "user", "content": "Battery at 80 percent."},
+                    {"role": "assistant", "content": "wait()"}],
+        "robot-b": [SYSTEM, {"role": "user", "content": "Ana asks for the keys, which lie on "
+                                                        "the hallway shelf next to the door."},
+                    {"role": "assistant", "content": "go_to(hallway)"},
+                    {"role": "user", "content": "Arrived in the hallway."},
+                    {"role": "assistant", "content": "pick(keys)"}]}
+    answers: dict[str, list[httpx.Response]] = {"robot-a": [], "robot-b": []}
+
+    def converse(key: str) -> None:
+        for turn in ("What now?", "And after that?"):
+            body = {"messages": conversations[key] + [{"role": "user", "content": turn}],
+                    "max_tokens": 4}
+            if key == "robot-a":   # one client keys by header, the other by `user`
+                response = post(gateway, "/v1/chat/completions", body, session=key)
+            else:
+                response = post(gateway, "/v1/chat/completions", {**body, "user": key})
+            answers[key].append(response)
+
+    threads = [threading.Thread(target=converse, args=(key,)) for key in conversations]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    sessions = gateway.sessions()
+    for key, history in conversations.items():
+        first, second = answers[key]
+        assert first.status_code == second.status_code == 200, (first.text, second.text)
+        assert first.headers["X-CSR-Session"] == key
+        assert second.json()["csr"]["new_version"] is False
+        assert second.json()["csr"]["held"] == len(history) - 1
+        assert sessions[key]["messages"] == len(history) - 1
+        assert sessions[key]["new_versions"] == 0
+    # each session's state holds its own history: the longer conversation, more tokens
+    assert answers["robot-b"][1].json()["csr"]["n_static"] > \
+        answers["robot-a"][1].json()["csr"]["n_static"]
+
+
+def test_completions_over_httpx_stream_and_not_with_usage(gateway):
+    prompt = "Robot log, oldest first.\nt=1 odom x=0.0 y=0.0\nt=2 camera: red cup\nNext action:"
+    plain = post(gateway, "/v1/completions", {"prompt": prompt, "max_tokens": 4},
+                 session="text")
+    assert plain.status_code == 200, plain.text
+    body = plain.json()
+    assert body["object"] == "text_completion" and body["choices"][0]["text"]
+    assert body["csr"]["appended"] == 2 and body["csr"]["new_version"]
+    assert body["usage"]["prompt_tokens"] == body["csr"]["n_static"] + body["csr"]["n_dynamic"]
+    longer = prompt.replace("Next action:", "t=3 lidar: clear\nNext action:")
+    with httpx.stream("POST", f"{gateway.url}/v1/completions", timeout=300.0,
+                      headers={"X-Session-Id": "text"},
+                      json={"prompt": longer, "max_tokens": 4, "stream": True,
+                            "stream_options": {"include_usage": True}}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    import json
+
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
+    csr = next(e["csr"] for e in events if "csr" in e)
+    usage = events[-1]["usage"]
+    assert text and csr["appended"] == 1 and csr["held"] == 2 and not csr["new_version"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= body["csr"]["n_static"]
+
+
+def test_bad_requests_get_openai_style_errors_and_leave_the_session_as_it_was(gateway):
+    good = {"messages": [SYSTEM, {"role": "user", "content": "Hello."}], "max_tokens": 2}
+    assert post(gateway, "/v1/chat/completions", good, session="strict").status_code == 200
+    before = gateway.sessions()["strict"]
+    cases = [
+        ({"messages": [{"role": "user", "content": ""}]}, "content is empty"),
+        ({**good, "max_tokens": 100000}, "max_tokens must be an integer"),
+        ({**good, "tools": [{"type": "function"}]}, "unsupported request fields ['tools']"),
+        ({**good, "model": "gpt-4"}, "serves the model 'csr-ros'"),
+        ({**good, "n": 2}, "only n=1"),
+        ({**good, "stop": [1]}, "'stop' must be"),
+    ]
+    for body, match in cases:
+        response = post(gateway, "/v1/chat/completions", body, session="strict")
+        assert response.status_code == 400, (body, response.text)
+        error = response.json()["error"]
+        assert match in error["message"] and error["type"] == "invalid_request_error"
+    raw = httpx.post(f"{gateway.url}/v1/chat/completions", content=b"{not json",
+                     headers={"X-Session-Id": "strict"})
+    assert raw.status_code == 400 and "not JSON" in raw.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError, match="last message is from 'assistant'"):
+        gateway.client().chat.completions.create(
+            model="csr-ros", messages=[{"role": "assistant", "content": "hi"}],
+            extra_headers={"X-Session-Id": "strict"})
+    after = gateway.sessions()["strict"]
+    assert (after["version"], after["messages"], after["new_versions"]) == \
+        (before["version"], before["messages"], before["new_versions"])
+
+
+def test_sessions_beyond_the_bound_close_the_least_recently_used(llama_server, tmp_path):  # noqa: F811
+    with GatewayProcess((llama_server.url, llama_server.url), tmp_path / "gateway.log",
+                        "--max-sessions", "2") as process:
+        body = {"messages": [SYSTEM, {"role": "user", "content": "Hello."}], "max_tokens": 2}
+        for key in ("one", "two", "one", "three"):
+            assert post(process, "/v1/chat/completions", body, session=key).status_code == 200
+        stats = httpx.get(f"{process.url}/v1/csr/sessions").json()
+        assert sorted(s["session"] for s in stats["sessions"]) == ["one", "three"]
+        assert stats["sessions_closed"] == 1 and stats["max_sessions"] == 2
+        assert "session 'two' closed to make room for 'three'" in process.log()
+
+
+def test_asr_evicts_in_the_background_behind_the_gateway_and_resends_still_extend(
+        llama_server_pair, tmp_path):  # noqa: F811
+    r1, r2 = llama_server_pair
+    with GatewayProcess((r1.url, r2.url), tmp_path / "gateway.log", "--tau-mem", "384",
+                        "--max-context-tokens", "2048", "--reserve-tokens", "128",
+                        "--n-catchup", "16") as process:
+        messages = [SYSTEM]
+        versions = []
+        for i in range(40):
+            messages.append({"role": "user", "content": f"t={i}.0s odometry x={0.3 * i:.1f} "
+                                                        f"y={0.2 * i:.1f}, camera sees the "
+                                                        f"red cup at {1 + i % 3}.5 m"})
+            response = post(process, "/v1/chat/completions",
+                            {"messages": messages + [{"role": "user", "content": "Action?"}],
+                             "max_tokens": 2}, session="asr")
+            assert response.status_code == 200, response.text
+            csr = response.json()["csr"]
+            assert not csr["new_version"] or i == 0
+            versions.append(csr["state_version"])
+            rec = process.sessions()["asr"]["reconciler"]
+            if rec["swaps"] >= 2:
+                break
+        session = process.sessions()["asr"]
+        rec = session["reconciler"]
+        assert rec["swaps"] >= 2, rec
+        assert rec["fallbacks"] == 0 and rec["sync_evictions"] == 0
+        assert session["new_versions"] == 0 and session["messages"] == len(messages) - 1
+        assert versions == sorted(versions) and versions[-1] >= 1
+        # the state holds fewer chunks than the transcript: old ones were evicted
+        assert rec["n_chunks"] < session["messages"]
