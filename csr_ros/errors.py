@@ -79,6 +79,10 @@ class ResourceTimeoutError(ResourceError):
     """The resource did not answer in time."""
 
 
+class QueryCancelledError(CsrError):
+    """A query was cancelled by its caller before it finished; no answer is returned."""
+
+
 class ChunkLogError(CsrError):
     """The on-disk chunk log is unreadable or inconsistent."""
 

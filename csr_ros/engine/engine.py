@@ -21,7 +21,7 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import torch
 
@@ -236,12 +236,15 @@ class LocalEngine:
     def query(self, dynamic_ids: Sequence[int], max_new_tokens: int, *, stop: Sequence[str] = (),
               eos_ids: Sequence[int] | None = None, commit_ids: Sequence[int] = (),
               temperature: float = 0.0, seed: int | None = None,
-              constraint: "TokenConstraint | None" = None) -> Generation:
+              constraint: "TokenConstraint | None" = None,
+              on_token: Callable[[int], None] | None = None) -> Generation:
         """Commit `commit_ids`, prefill `dynamic_ids` (not committed), decode, roll back.
 
         Greedy unless temperature > 0. TTFT runs from the call to the first sampled token.
         `constraint` masks the logits before each sample and ends the generation as soon as
-        what it accepts is complete (see `TokenConstraint`).
+        what it accepts is complete (see `TokenConstraint`). `on_token(n)` is called after
+        each sampled token with the answer's tokens so far; an exception it raises (e.g.
+        QueryCancelledError) stops the decode between two tokens, after the same roll back.
         """
         commit = self._check_ids(commit_ids, "commit_ids", allow_empty=True)
         dynamic = self._check_ids(dynamic_ids, "dynamic_ids", allow_empty=True)
@@ -280,6 +283,8 @@ class LocalEngine:
                     tokens.append(token)
                     text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
                 ttft_s = time.perf_counter() - started
+                if on_token is not None:
+                    on_token(len(tokens))
                 with _thread_count(self.decode_threads):
                     while finish is None:
                         n_sampled = len(tokens)
@@ -293,6 +298,8 @@ class LocalEngine:
                         tokens.append(token)
                         text, finish = self._finished(tokens, eos, stop, max_new_tokens,
                                                       constraint)
+                        if on_token is not None:
+                            on_token(len(tokens))
                 decode_s = time.perf_counter() - started - ttft_s
             finally:
                 self.cache.truncate(n_static)

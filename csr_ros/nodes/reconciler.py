@@ -312,12 +312,13 @@ class ReconcilerNode(Node):
 
     # -- in-process use (all_in_one) and health ------------------------------------------------
 
-    def query(self, task: str, *, suffix: str = "", max_new_tokens: int = 8, constraint=None):
+    def query(self, task: str, *, suffix: str = "", max_new_tokens: int = 8, constraint=None,
+              on_token=None):
         """For a policy node in the same process: build and route against the active version."""
         if self.driver is None:
             raise ResourceError("the reconciler has not started its resources yet")
         return self.driver.query(task, suffix=suffix, max_new_tokens=max_new_tokens,
-                                 constraint=constraint)
+                                 constraint=constraint, on_token=on_token)
 
     def active_chunks(self) -> list:
         """The chunks of the active version (for a policy node in the same process)."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from csr_ros.chunklog import ChunkLog
-from csr_ros.errors import ConfigError, CsrError
+from csr_ros.errors import ConfigError, CsrError, QueryCancelledError
 from csr_ros.eviction import EvictionPolicy, drop_oldest_fraction
 from csr_ros.reconcile.machine import (ChunkArrived, Extend, Load, Notice, OpFinished,
                                        QueryFinished, QueryStarted, ReconcileConfig,
@@ -197,8 +197,10 @@ class Reconciler:
             self._changed.notify_all()
 
     def query(self, task: str, *, suffix: str = "", max_new_tokens: int = 8,
-              stop: Sequence[str] = (), constraint=None) -> QueryOutcome:
-        """Build a request against the active version and answer it on the resource holding it."""
+              stop: Sequence[str] = (), constraint=None, on_token=None) -> QueryOutcome:
+        """Build a request against the active version and answer it on the resource holding it.
+        `on_token` goes to the resource's query (progress; what it raises ends the query). A
+        QueryCancelledError it raises reaches the caller: the resource did not fail."""
         with self._lock:
             started_s = self.clock()
             inside = self.machine.reconciling
@@ -208,13 +210,18 @@ class Reconciler:
             (route,) = [c for c in commands if isinstance(c, Route)]
             self._dispatch([c for c in commands if not isinstance(c, Route)])
             future = self._workers[route.resource].submit(
-                lambda: self._answer(route, max_new_tokens, stop, started_s, constraint))
+                lambda: self._answer(route, max_new_tokens, stop, started_s, constraint,
+                                     on_token))
         outcome: QueryOutcome
         try:
             wait_s, result = future.result()
             outcome = QueryOutcome(request=route.request, resource=route.resource,
                                    started_s=started_s, inside_window=inside, wait_s=wait_s,
                                    ttft_s=wait_s + result.ttft_s, result=result)
+        except QueryCancelledError:
+            with self._lock:
+                self._handle(QueryFinished(route.request.query_id, True, now_s=self.clock()))
+            raise
         except Exception as exc:  # a failed resource is an outcome, not a crash of the policy
             self.log.warning("query %d on %s failed: %s", route.request.query_id,
                              route.resource, exc)
@@ -226,7 +233,7 @@ class Reconciler:
         return outcome
 
     def _answer(self, route: Route, max_new_tokens: int, stop: Sequence[str],
-                started_s: float, constraint=None) -> tuple[float, QueryResult]:
+                started_s: float, constraint=None, on_token=None) -> tuple[float, QueryResult]:
         resource = self.resources[route.resource]
         _set_background(resource, False, few_threads=self._urgent_reconciling())
         wait_s = self.clock() - started_s
@@ -235,11 +242,10 @@ class Reconciler:
             load_started = self.clock()
             resource.load(())
             wait_s += self.clock() - load_started
-        if constraint is None:      # resources written before constraints keep working
-            return wait_s, resource.query(route.request, max_new_tokens=max_new_tokens,
-                                          stop=stop)
+        # Resources written before constraints and progress callbacks keep working.
+        extra = {"constraint": constraint, "on_token": on_token}
         return wait_s, resource.query(route.request, max_new_tokens=max_new_tokens, stop=stop,
-                                      constraint=constraint)
+                                      **{k: v for k, v in extra.items() if v is not None})
 
     # -- state for callers -----------------------------------------------------------------
 

@@ -10,7 +10,7 @@ kwargs. The engine stays reachable as `.engine` for capsules (snapshot / restore
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -71,9 +71,12 @@ class LocalResource:
         return PrefillResult(result.n_tokens, result.seconds, result.n_committed)
 
     def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
-              constraint: OutputConstraint | None = None) -> QueryResult:
+              constraint: OutputConstraint | None = None,
+              on_token: Callable[[int], None] | None = None) -> QueryResult:
         """`constraint`: a grammar or JSON schema masks each sampled token (llguidance); a
-        closed choice is scored in one forward pass instead of decoded."""
+        closed choice is scored in one forward pass instead of decoded. `on_token(n)`: called
+        with the answer's tokens so far after each one (once for a choice); what it raises
+        stops the decode between two tokens (LocalEngine.query)."""
         with self._lock:
             n = self.engine.n_committed
             static = request.static_ids
@@ -81,13 +84,17 @@ class LocalResource:
             if static[:n] != committed:
                 raise StateMismatchError(_mismatch_message(static, committed, self.name))
             if constraint is not None and constraint.kind == "choice":
-                return self._choose(request, constraint, n)
+                result = self._choose(request, constraint, n)
+                if on_token is not None:
+                    on_token(result.n_generated)
+                return result
             token_constraint = None
             if constraint is not None:
                 token_constraint = self._grammar_compiler().compile(constraint)
             # Static tokens past the committed run are committed inside the query (counted in TTFT).
             generation = self.engine.query(request.dynamic_ids, max_new_tokens, stop=stop,
-                                           commit_ids=static[n:], constraint=token_constraint)
+                                           commit_ids=static[n:], constraint=token_constraint,
+                                           on_token=on_token)
         return QueryResult(text=generation.text, token_ids=generation.token_ids,
                            ttft_s=generation.ttft_s, decode_s=generation.decode_s,
                            n_prompt=len(static) + len(request.dynamic_ids),

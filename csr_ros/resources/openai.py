@@ -38,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import httpx
 
@@ -281,7 +281,11 @@ class OpenAIResource:
     # -- the hot path ------------------------------------------------------------------------
 
     def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
-              constraint: OutputConstraint | None = None) -> QueryResult:
+              constraint: OutputConstraint | None = None,
+              on_token: Callable[[int], None] | None = None) -> QueryResult:
+        """`on_token(n)`: called with the answer's tokens so far after each streamed piece;
+        what it raises (e.g. QueryCancelledError) closes the stream at once (vLLM aborts a
+        request whose client went away)."""
         with self._lock:
             self._ensure_checked()
             n_extended = self._n_extended(request)
@@ -312,6 +316,8 @@ class OpenAIResource:
                         pieces.append(choice.get("text") or "")
                         token_ids.extend(choice.get("token_ids") or ())
                         finish_reason = choice.get("finish_reason") or finish_reason
+                    if on_token is not None and event.get("choices"):
+                        on_token(max(len(token_ids), len(pieces)))
             finally:
                 response.close()
             ended = time.monotonic()
