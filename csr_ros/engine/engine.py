@@ -175,6 +175,9 @@ class LocalEngine:
                    f"({reason or 'forward=transformers was asked for'})")
             raise ConfigError(msg)
         use_lean = forward != "transformers" and reason is None
+        if forward == "auto" and reason is not None:
+            log.info("transformers' forward runs this model (the lean forward does not: %s)",
+                     reason)
         self.forward_kind = "lean" if use_lean else "transformers"
         self.decode_weights = decode_weights
         self.model = net.to(device=self.device).eval()

@@ -1,5 +1,8 @@
 """A lean llama forward over transformers' own weights, writing into the engine's K/V buffers.
 
+Llama and Qwen2 run it: a Qwen2 layer is a llama layer with q/k/v biases (any projection's bias
+is added after its matmul, fused like its weight).
+
 transformers runs a general forward: per layer it builds masks, dispatches through attention
 interfaces and cache objects, and issues three projections for q/k/v and two for gate/up. At
 batch 1 on a CPU every op costs a dispatch and, with several threads, a synchronization of the
@@ -46,10 +49,8 @@ STEP_MAX_TOKENS = 4
 def unsupported_reason(model) -> str | None:
     """Why the lean forward cannot run `model` (None when it can)."""
     config = model.config
-    if getattr(config, "model_type", None) != "llama":
-        return f"model_type {getattr(config, 'model_type', None)!r} is not 'llama'"
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        return "biased projections"
+    if getattr(config, "model_type", None) not in ("llama", "qwen2"):
+        return f"model_type {getattr(config, 'model_type', None)!r} is not 'llama' or 'qwen2'"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act!r}"
     if getattr(config, "pretraining_tp", 1) != 1:
@@ -61,18 +62,23 @@ def unsupported_reason(model) -> str | None:
     if inner is None or not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm",
                                                               "rotary_emb")):
         return "not a LlamaForCausalLM module layout"
+    if getattr(model.get_output_embeddings(), "bias", None) is not None:
+        return "a biased output head"
     return None
 
 
 class _Linear:
-    """y = x @ W.T for one (possibly fused) weight in one format; x is [q, in]."""
+    """y = x @ W.T (+ b) for one (possibly fused) weight in one format; x is [q, in]."""
 
-    __slots__ = ("op", "args")
+    __slots__ = ("op", "args", "bias")
 
-    def __init__(self, weight: torch.Tensor, fmt: str, dtype: torch.dtype):
+    def __init__(self, weight: torch.Tensor, fmt: str, dtype: torch.dtype,
+                 bias: torch.Tensor | None = None):
+        self.bias = None
         if fmt == "float":
             # A module's own Parameter is kept as is: it follows the model's later `.to(dtype)`.
-            self.op, self.args = F.linear, (weight,)
+            self.op, self.args = F.linear, (weight, bias)
+            return
         elif fmt == "int8":
             w = weight.float()
             scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
@@ -82,9 +88,11 @@ class _Linear:
             self.op, self.args = _int4_mm, _pack_int4(weight.float(), INT4_GROUP_SIZE)
         else:
             raise ConfigError(f"weight format must be one of {WEIGHT_FORMATS}, got {fmt!r}")
+        self.bias = None if bias is None else bias.to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.op(x, *self.args)
+        y = self.op(x, *self.args)
+        return y if self.bias is None else y + self.bias
 
 
 def _int4_mm(x: torch.Tensor, packed: torch.Tensor, group_size: int,
@@ -165,8 +173,10 @@ class LeanLlama:
                 layer.ln1 = block.input_layernorm.weight
                 layer.ln2 = block.post_attention_layernorm.weight
                 if step_weights != "float":      # from the weights as loaded, before any cast
-                    layer.step = tuple(_Linear(_cat(p), step_weights, dtype) for p in parts)
-                layer.block = tuple(_Linear(self._fused(p), "float", dtype) for p in parts)
+                    layer.step = tuple(_Linear(_cat(p), step_weights, dtype, _cat_bias(p))
+                                       for p in parts)
+                layer.block = tuple(_Linear(w, "float", dtype, b)
+                                    for w, b in (self._fused(p) for p in parts))
                 if step_weights == "float":
                     layer.step = layer.block
                 self.layers.append(layer)
@@ -179,17 +189,21 @@ class LeanLlama:
             self.head_block = _Linear(head, "float", dtype)
             self.head_step = self.head_step or self.head_block
 
-    def _fused(self, modules: list):
-        """One weight for several projections; the modules keep views of it."""
+    def _fused(self, modules: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One weight (and bias) for several projections; the modules keep views of them."""
         if len(modules) == 1:
-            return modules[0].weight
+            return modules[0].weight, modules[0].bias
         fused = _cat(modules).to(self.dtype).contiguous()
+        bias = _cat_bias(modules)
+        bias = None if bias is None else bias.to(self.dtype).contiguous()
         start = 0
         for m in modules:
             rows = m.weight.shape[0]
             m.weight.data = fused[start:start + rows]
+            if m.bias is not None:
+                m.bias.data = bias[start:start + rows]
             start += rows
-        return fused
+        return fused, bias
 
     @staticmethod
     def buffers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -266,6 +280,14 @@ class LeanLlama:
 
 def _cat(modules: list) -> torch.Tensor:
     return torch.cat([m.weight for m in modules], dim=0)
+
+
+def _cat_bias(modules: list) -> torch.Tensor | None:
+    """The modules' biases end to end (zeros for one without), or None when none has one."""
+    if all(m.bias is None for m in modules):
+        return None
+    return torch.cat([m.weight.new_zeros(m.weight.shape[0]) if m.bias is None else m.bias
+                      for m in modules], dim=0)
 
 
 def _tail_mask(tree_mask: torch.Tensor | None, n_rows: int, end: int,

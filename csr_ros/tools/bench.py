@@ -47,8 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="resource kind(s), comma-separated: local, openai (default: local)")
     parser.add_argument("--url", default=None, help="server URL for --resource openai")
     parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help="'smollm2' or a local model directory (weights for local, "
-                             "tokenizer for every resource)")
+                        help="'smollm2', a prepared catalog model (csr-ros model list) or a "
+                             "local model directory (weights for local, tokenizer for every "
+                             "resource)")
     parser.add_argument("--n", default="512,1024",
                         help="static lengths N in tokens, comma-separated")
     parser.add_argument("--m", default="32", help="dynamic lengths M in tokens, comma-separated")

@@ -103,7 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     res = parser.add_argument_group("resources")
     res.add_argument("--resource", choices=["local", "openai"], default="local")
     res.add_argument("--model", default=DEFAULT_MODEL,
-                     help="local: 'smollm2' or a model directory; openai: the tokenizer's model")
+                     help="local: 'smollm2', a prepared catalog model (csr-ros model list) or "
+                          "a model directory; openai: the tokenizer's model")
     res.add_argument("--threads", type=int, default=None,
                      help="CPU threads of a local engine answering queries (default: 2, or 1 "
                           "on a one-core machine; with --ros 1, the two engines sharing one "

@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     res.add_argument("--url", action="append", default=None,
                      help="OpenAI-compatible server; twice for CSR's R1 and R2 on two servers")
     res.add_argument("--model", default=None,
-                     help="local: model dir or 'smollm2' (default); openai: the served model id")
+                     help="local: 'smollm2' (default), a prepared catalog model (csr-ros model "
+                          "list) or a model dir; openai: the served model id")
     res.add_argument("--threads", type=int, default=None, help="local engine CPU threads")
     res.add_argument("--max-context", type=int, default=None,
                      help="context tokens (default: the model's, at most 8192 locally)")

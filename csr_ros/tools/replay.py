@@ -341,7 +341,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="PNG of the history tokens per source against robot time, with "
                              "tau_mem (implies counting)")
     parser.add_argument("--model", default="smollm2",
-                        help="model directory (or 'smollm2') whose tokenizer counts the tokens")
+                        help="model directory, 'smollm2' or a prepared catalog model whose "
+                             "tokenizer counts the tokens")
 
 
 @dataclass

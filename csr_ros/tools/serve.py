@@ -104,9 +104,9 @@ def vllm_servers(config: VllmConfig, *, env_base: dict[str, str] | None = None,
 def llamacpp_servers(ports: list[int], *, model: str, n_ctx: int, threads: int,
                      host: str = LOOPBACK, alias: str = "smollm2",
                      log_dir: Path | None = None) -> list[ManagedServer]:
-    from csr_ros.model_store import DEFAULT_MODEL, default_gguf_path
+    from csr_ros.model_store import resolve_gguf
 
-    gguf = default_gguf_path() if model in (DEFAULT_MODEL, "default") else Path(model)
+    gguf = resolve_gguf(model)       # a catalog model is served as its verified joined GGUF
     if not gguf.is_file():
         raise ConfigError(f"{gguf} is not a GGUF file")
     return [ManagedServer(name=f"llama.cpp:{port}", url=f"http://{host}:{port}",
@@ -124,7 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default 8001)")
     parser.add_argument("--host", default=LOOPBACK, help="llamacpp: listen address")
     parser.add_argument("--model", default="smollm2",
-                        help="llamacpp: 'smollm2' (embedded default) or a .gguf file")
+                        help="llamacpp: 'smollm2' (embedded default), a prepared catalog "
+                             "model (csr-ros model list) or a .gguf file")
     parser.add_argument("--alias", default="smollm2", help="llamacpp: the model id clients send")
     parser.add_argument("--n-ctx", type=int, default=DEFAULT_LLAMACPP_CONTEXT_TOKENS,
                         help="llamacpp: context size in tokens")
