@@ -4,8 +4,8 @@ capsules for LLM policies on ROS 2 robots.
 The pure parts (state, layout, chunks, eviction, reconcile, render) import neither torch nor
 rclpy; the local engine imports torch; the node modules import rclpy.
 
-Where the generated interfaces come from (`csr_ros.msg`, `csr_ros.srv`)
----------------------------------------------------------------------
+Where the generated interfaces come from (`csr_ros.msg`, `csr_ros.srv`, `csr_ros.action`)
+---------------------------------------------------------------------------------------
 rosidl generates them into a Python package that is also named `csr_ros`. This source package
 has no `msg/` or `srv/`, and whichever `csr_ros` comes first on `sys.path` hides the other
 (`python -m pytest` from the repository root puts this one first). So this package extends its
@@ -16,8 +16,8 @@ own `__path__` (the list of folders Python searches for its submodules) with:
 2. any other `csr_ros` folder on `sys.path` that holds generated `msg/` (a colcon install that
    was sourced).
 
-Only `msg/`, `srv/` and the type-support extension modules live there; every other module is
-still this folder's. For (1), the build's own libraries are not on the loader's path
+Only `msg/`, `srv/`, `action/` and the type-support extension modules live there; every other
+module is still this folder's. For (1), the build's own libraries are not on the loader's path
 (`LD_LIBRARY_PATH` is fixed when the process starts, and rclpy opens type support by library
 name), so they are loaded by full path the first time `csr_ros.msg` or `csr_ros.srv` is
 imported; a sourced colcon install sets the loader's path itself. Nothing happens, and nothing
@@ -57,7 +57,7 @@ def _generated_package_dirs() -> list[Path]:
 
 
 class _LoadBuiltLibraries:
-    """A finder that claims nothing: on the first import of csr_ros.msg / csr_ros.srv it loads
+    """A finder that claims nothing: on the first import of csr_ros.msg / .srv / .action it loads
     the libraries of build/interfaces by full path, so that rclpy's `dlopen` by name finds
     them already loaded."""
 
@@ -66,7 +66,7 @@ class _LoadBuiltLibraries:
         self.done = False
 
     def find_spec(self, fullname, path=None, target=None):
-        if not self.done and fullname in ("csr_ros.msg", "csr_ros.srv"):
+        if not self.done and fullname in ("csr_ros.msg", "csr_ros.srv", "csr_ros.action"):
             self.done = True
             import ctypes
 

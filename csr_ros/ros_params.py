@@ -155,6 +155,8 @@ POLICY = TOPICS + STATE + RESOURCE + [
        "them is published as not valid)", min_value=1),
     _p("topics.actions", "csr/actions", "Action stream: the typed action of each valid "
        "decision"),
+    _p("services.decide", "csr/decide", "Decide action of the policy node (a decision with "
+       "feedback and cancel, queued like the Query service)"),
     _p("actions.mode", "auto", "auto: score a short closed action list (at most 8 actions) "
        "in one pass, else decode with the grammar; choice | grammar | json; free: "
        "unconstrained text, parsed after",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build this package's ROS 2 interfaces (msg/, srv/) with plain CMake against the ROS 2 of a
-# Python environment (the ros-jazzy-* wheels that `scripts/setup.sh --ros` installs, whose
+# Build this package's ROS 2 interfaces (msg/, srv/, action/) with plain CMake against the ROS 2
+# of a Python environment (the ros-jazzy-* wheels that `scripts/setup.sh --ros` installs, whose
 # prefix is the venv itself), into build/interfaces/ of this checkout. csr_ros/__init__.py finds
 # them there, however Python is started. Skipped when nothing it depends on has changed.
 #
@@ -17,7 +17,7 @@ fi
 out=build/interfaces
 # Everything the generated code depends on: the interface files, the build files, the Python
 # version and the ROS installation (its rclpy version).
-stamp=$( { cat msg/*.msg srv/*.srv CMakeLists.txt package.xml;
+stamp=$( { cat msg/*.msg srv/*.srv action/*.action CMakeLists.txt package.xml;
            "$python" -c 'import sys; print(sys.version)';
            cat "$prefix/share/rclpy/package.xml"; } | sha256sum | cut -c1-16)
 if [[ -f $out/stamp && $(cat $out/stamp) == "$stamp" ]]; then
@@ -30,7 +30,7 @@ touch "$out/COLCON_IGNORE"          # a colcon build of the repository must not 
 # CMake configures a copy of the package's build inputs: a venv inside the repository
 # (.venv) would otherwise put the numpy include directory "inside the source directory",
 # which CMake refuses in the exported targets of the generated package.
-cp -r CMakeLists.txt package.xml msg srv "$out/src/"
+cp -r CMakeLists.txt package.xml msg srv action "$out/src/"
 export AMENT_PREFIX_PATH="$prefix"  # ament looks up the installed type supports through it
 jobs=$(( $(nproc) < 2 ? 1 : 2 ))
 echo "building the csr_ros interfaces into $out (about 40 s on 2 cores)" >&2
@@ -44,6 +44,7 @@ cmake -S "$out/src" -B "$out/cmake" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=O
 cmake --build "$out/cmake" -j "$jobs" >> "$out/cmake.log" 2>&1 \
   || { tail -40 "$out/cmake.log" >&2; exit 1; }
 cmake --install "$out/cmake" >> "$out/cmake.log" 2>&1 || { tail -40 "$out/cmake.log" >&2; exit 1; }
-"$python" -c 'from csr_ros.msg import StateChunk; from csr_ros.srv import GetChunks' \
+"$python" -c 'from csr_ros.msg import StateChunk; from csr_ros.srv import GetChunks
+from csr_ros.action import Decide' \
   || { echo "the built interfaces do not import" >&2; exit 1; }
 echo "$stamp" > "$out/stamp"

@@ -6,7 +6,9 @@
                              (skipped ticks are counted) → query worker thread
     query worker ──────────▶ the primary (its URL from the latest SwapEvent) → csr/decisions,
                              and the typed action of each valid decision → csr/actions
-    csr/query (service) ───▶ the same, on demand, after the running query
+    csr/query (service) ───▶ the same, on demand: queued behind the running query (and a
+    csr/decide (action)      periodic one that fell due meanwhile); the action sends TTFT and
+                             tokens as feedback, and a cancel stops it between two tokens
     /diagnostics ◀───────── TTFT, cache hits, version, skipped ticks, lost chunks,
                              valid and invalid actions (1 Hz)
 
@@ -24,23 +26,28 @@ import json
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass, field
+from typing import Callable
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.node import Node
 
 from csr_ros import ros_params
 from csr_ros.actions import SeenValues
-from csr_ros.errors import ActionSpecError, ConfigError, CsrError
+from csr_ros.action import Decide
+from csr_ros.errors import ActionSpecError, ConfigError, CsrError, QueryCancelledError
 from csr_ros.msg import Action, PolicyDecision, StateChunk
 from csr_ros.msg import SwapEvent as SwapEventMsg
 from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
                                   CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS,
                                   SWAPS_QOS, ChunkFetcher, chunk_event, declare, load_tokenizer,
                                   run, time_msg, with_undeclared)
-from csr_ros.policy_core import (ERROR, OK, WARN, Announcer, FetchRequest, InstantValue,
-                                 QueryScheduler, QueryStats, StateFold, SwapEvent, build_suffix,
+from csr_ros.policy_core import (ERROR, MAX_WAITING_QUERIES, OK, PERIODIC, WARN, Announcer,
+                                 FetchRequest, InstantValue, QueryScheduler, QueryStats, StateFold, SwapEvent, build_suffix,
                                  diagnose, keep_up_warning, state_from_params,
                                  vocabulary_from_params)
 from csr_ros.render import episode_origin_ns
@@ -67,7 +74,10 @@ class PolicyNode(Node):
         self.keep_up = Announcer()     # logs when the policy or reconciliation falls behind
         self.instant: dict[str, InstantValue] = {}
         self.closing = False
+        self.reconciler_missing = False        # no reconciler on the swaps topic (said once)
         self.worker = _QueryWorker()
+        self.demands: dict[int, _Demand] = {}     # on-demand queries waiting, by scheduler key
+        self.goals: dict[bytes, _Demand] = {}      # Decide goals not finished, by goal id
         self.http_resources: dict[str, tuple[int, object]] = {}   # url → (version, resource)
         self.fold: StateFold | None = None
         if driver is None:
@@ -105,6 +115,13 @@ class PolicyNode(Node):
                                                      DIAGNOSTICS_QOS)
         self.query_srv = self.create_service(Query, p["services.query"], self.query_callback,
                                              callback_group=self.service_group)
+        # A goal waits (accepted) for its turn, then executes: only the running goal holds an
+        # executor thread, however many wait.
+        self.decide_server = ActionServer(
+            self, Decide, p["services.decide"], self.decide_execute_callback,
+            goal_callback=self.decide_goal_callback,
+            handle_accepted_callback=self.decide_accepted_callback,
+            cancel_callback=self.decide_cancel_callback, callback_group=self.service_group)
         self.tick_timer = self.create_timer(self.scheduler.period_s, self.tick_callback,
                                             callback_group=self.events_group)
         self.diagnostics_timer = self.create_timer(1.0, self.diagnostics_callback,
@@ -187,35 +204,170 @@ class PolicyNode(Node):
     # -- queries -------------------------------------------------------------------------------
 
     def tick_callback(self) -> None:
+        if self.driver is not None and self.driver.snapshot()["phase"] == "starting":
+            # the in-process reconciler is still loading its models: nothing to ask yet, and
+            # not a failed query (it says when it loads and when it has started)
+            return
         with self.lock:
             if not self.scheduler.tick():
                 return
             self._start_query(self.params["task"], "", self.params["max_new_tokens"])
 
     def query_callback(self, request, response):
-        """On demand: wait for the running query, then take the slot."""
+        """On demand: queued like a goal, answered when its decision is made."""
         timeout_s = request.timeout_s or None
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self.lock:
-            while not self.scheduler.try_start():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    response.success, response.message = False, "timed out waiting for the " \
-                                                                 "running query"
-                    return response
-                self.lock.wait(timeout=0.1 if left is None else min(left, 0.1))
-            future = self._start_query(request.task or self.params["task"], request.suffix,
-                                       request.max_new_tokens or self.params["max_new_tokens"])
         try:
-            decision = future.result(timeout=timeout_s)
+            demand = self._demand(_Demand(request.task, request.suffix, request.max_new_tokens))
+        except CsrError as exc:
+            response.success, response.message = False, str(exc)
+            return response
+        try:
+            decision = demand.done.result(timeout=timeout_s)
+        except FutureTimeoutError:
+            waited = self._withdraw(demand)
+            response.success, response.message = False, (
+                "timed out waiting for the running query" if waited else
+                f"timed out after {timeout_s:g} s (the decision is still published)")
+            return response
         except Exception as exc:  # noqa: BLE001 - reported to the caller
             response.success, response.message = False, f"{type(exc).__name__}: {exc}"
             return response
         response.success, response.decision = True, decision
         return response
 
-    def _start_query(self, task: str, extra_suffix: str, max_new_tokens: int) -> Future:
-        """Under the lock, with the scheduler slot taken: build, then run on the worker."""
+    # -- the Decide action ---------------------------------------------------------------------
+
+    def decide_goal_callback(self, goal) -> GoalResponse:
+        with self.lock:
+            refused = "shutting down" if self.closing else (
+                f"{MAX_WAITING_QUERIES} queries wait already" if self.scheduler.full else "")
+        if refused:
+            self.get_logger().warning(f"Decide goal refused: {refused}")
+            return GoalResponse.REJECT
+        return GoalResponse.ACCEPT
+
+    def decide_accepted_callback(self, goal_handle) -> None:
+        """Queue the goal; it executes when the scheduler gives it the slot."""
+        goal = goal_handle.request
+        demand = _Demand(goal.task, goal.suffix, goal.max_new_tokens, goal_handle=goal_handle)
+        demand.on_token = functools.partial(self._decide_progress, demand)
+        with self.lock:
+            self.goals[_goal_key(goal_handle)] = demand
+        try:
+            self._demand(demand)
+        except CsrError as exc:       # the queue filled since the goal was accepted
+            demand.done.set_exception(exc)
+            goal_handle.execute()
+            return
+        with self.lock:
+            ahead = self.scheduler.ahead_of(demand.key) if demand.key in \
+                self.scheduler.waiting else None
+        if ahead is not None:
+            goal_handle.publish_feedback(Decide.Feedback(started=False, queued_ahead=ahead,
+                                                         ttft_s=-1.0, tokens=0))
+
+    def decide_cancel_callback(self, goal_handle) -> CancelResponse:
+        """A waiting goal leaves the queue at once; a running one stops at its next token."""
+        with self.lock:
+            demand = self.goals.get(_goal_key(goal_handle))
+        if demand is not None and self._withdraw(demand):
+            goal_handle.execute()         # to report it canceled
+        return CancelResponse.ACCEPT
+
+    def decide_execute_callback(self, goal_handle):
+        """Runs once the goal's query started (or the goal left the queue): wait for it."""
+        with self.lock:
+            demand = self.goals.get(_goal_key(goal_handle))
+        result = Decide.Result()
+        cancelled = False
+        try:
+            result.decision, result.success = demand.done.result(), True
+        except (CancelledError, QueryCancelledError):
+            cancelled, result.message = True, "canceled"
+        except Exception as exc:  # noqa: BLE001 - reported to the client
+            result.message = f"{type(exc).__name__}: {exc}"
+        finally:
+            with self.lock:
+                self.goals.pop(_goal_key(goal_handle), None)
+        if result.success:
+            goal_handle.succeed()     # also after a cancel that came too late to stop it
+        elif cancelled:
+            _wait_for_cancel_state(goal_handle)
+            goal_handle.canceled()
+        else:
+            goal_handle.abort()
+        return result
+
+    def _decide_progress(self, demand: "_Demand", n_tokens: int) -> None:
+        """On the query's thread, after each token: feedback, or stop if the goal was
+        canceled."""
+        handle = demand.goal_handle
+        if handle.is_cancel_requested:
+            raise QueryCancelledError("the Decide goal was canceled")
+        now_s = time.monotonic()
+        if demand.first_token_s is None:
+            demand.first_token_s = now_s
+        handle.publish_feedback(Decide.Feedback(
+            started=True, queued_ahead=0, ttft_s=demand.first_token_s - demand.started_s,
+            tokens=n_tokens))
+
+    # -- on-demand queries: one queue for the service and the action ---------------------------
+
+    def _demand(self, demand: "_Demand") -> "_Demand":
+        """Queue an on-demand query; `demand.done` ends with its PolicyDecision."""
+        demand.task = demand.task or self.params["task"]
+        demand.max_new_tokens = demand.max_new_tokens or self.params["max_new_tokens"]
+        with self.lock:
+            if self.closing:
+                raise CsrError("the policy node is shutting down")
+            if self.scheduler.full:
+                raise CsrError(f"{MAX_WAITING_QUERIES} on-demand queries are waiting already; "
+                               "try again later")
+            demand.key = self.scheduler.enqueue()
+            self.demands[demand.key] = demand
+            self._start_granted()
+        return demand
+
+    def _withdraw(self, demand: "_Demand") -> bool:
+        """Take a waiting query out of the queue (cancelled); False if it runs already."""
+        with self.lock:
+            if demand.key is None or not self.scheduler.withdraw(demand.key):
+                return False
+            self.demands.pop(demand.key, None)
+        demand.done.cancel()
+        return True
+
+    def _start_granted(self) -> None:
+        """Under the lock: start what the scheduler lets into the free slot."""
+        while not self.closing:
+            granted = self.scheduler.grant()
+            if granted is None:
+                return
+            demand = None if granted == PERIODIC else self.demands.pop(granted)
+            try:
+                if demand is None:
+                    self._start_query(self.params["task"], "", self.params["max_new_tokens"])
+                    return
+                demand.started_s = time.monotonic()
+                future = self._start_query(demand.task, demand.suffix, demand.max_new_tokens,
+                                           on_token=demand.on_token)
+            except Exception as exc:  # noqa: BLE001 - the slot is free again, the caller told
+                self.scheduler.finish(ok=False)
+                self.stats.record_error(f"{type(exc).__name__}: {exc}")
+                if demand is not None:
+                    demand.done.set_exception(exc)
+                    if demand.goal_handle is not None:
+                        demand.goal_handle.execute()
+                continue
+            future.add_done_callback(functools.partial(_settle, demand.done))
+            if demand.goal_handle is not None:
+                demand.goal_handle.execute()
+            return
+
+    def _start_query(self, task: str, extra_suffix: str, max_new_tokens: int, *,
+                     on_token: Callable[[int], None] | None = None) -> Future:
+        """Under the lock, with the scheduler slot taken: build, then run on the worker.
+        `on_token` follows the answer's tokens (and may stop it; see LocalEngine.query)."""
         now_ns = self.get_clock().now().nanoseconds
         chunks = self.fold.state.chunks if self.driver is None else self.driver.active_chunks()
         suffix = build_suffix(self.instant, now_ns, stale_s=self.params["stale_instant_s"],
@@ -225,13 +377,13 @@ class PolicyNode(Node):
         bound, constraint = self._actions(chunks)
         if self.driver is not None:
             job = functools.partial(self._query_driver, task, suffix, max_new_tokens, now_ns,
-                                    bound, constraint)
+                                    bound, constraint, on_token)
         else:
             request = self.fold.state.build_request(task=task, suffix=suffix)
             url = self.fold.primary_url or self.params["resource.r1_url"]
             name = self.fold.primary or "r1"
             job = functools.partial(self._query_http, request, url, name, task, max_new_tokens,
-                                    now_ns, bound, constraint)
+                                    now_ns, bound, constraint, on_token)
         future = self.worker.submit(job)
         future.add_done_callback(self._query_done)
         return future
@@ -255,17 +407,19 @@ class PolicyNode(Node):
             return self.vocab, None
 
     def _query_http(self, request, url: str, name: str, task: str, max_new_tokens: int,
-                    started_ns: int, bound=None, constraint=None) -> PolicyDecision:
+                    started_ns: int, bound=None, constraint=None,
+                    on_token=None) -> PolicyDecision:
         """On the worker thread: answer on the primary server."""
         resource = self._http_resource(url, name, int(request.version))
-        result = resource.query(request, max_new_tokens=max_new_tokens, constraint=constraint)
+        result = resource.query(request, max_new_tokens=max_new_tokens, constraint=constraint,
+                                on_token=on_token)
         return self._decision(request, result, result.ttft_s, task, started_ns, bound,
                               max_new_tokens)
 
     def _query_driver(self, task: str, suffix: str, max_new_tokens: int, started_ns: int,
-                      bound=None, constraint=None) -> PolicyDecision:
+                      bound=None, constraint=None, on_token=None) -> PolicyDecision:
         outcome = self.driver.query(task, suffix=suffix, max_new_tokens=max_new_tokens,
-                                    constraint=constraint)
+                                    constraint=constraint, on_token=on_token)
         if not outcome.ok:
             raise CsrError(outcome.error)
         return self._decision(outcome.request, outcome.result, outcome.ttft_s, task, started_ns,
@@ -331,14 +485,16 @@ class PolicyNode(Node):
 
     def _query_done(self, future: Future) -> None:
         exc = None if future.cancelled() else future.exception()
+        cancelled = isinstance(exc, QueryCancelledError)
         with self.lock:
-            self.scheduler.finish(ok=exc is None)
-            if exc is not None:
+            self.scheduler.finish(ok=exc is None or cancelled)
+            if exc is not None and not cancelled:
                 self.stats.record_error(f"{type(exc).__name__}: {exc}")
             self.lock.notify_all()
             if self.closing:
                 return
-        if exc is not None:
+            self._start_granted()
+        if exc is not None and not cancelled:
             self.get_logger().warning(f"query failed: {exc}", throttle_duration_sec=5.0)
 
     # -- health --------------------------------------------------------------------------------
@@ -365,20 +521,85 @@ class PolicyNode(Node):
         if said is not None:
             log = self.get_logger()
             (log.warning if said[0] == "warning" else log.info)(said[1])
-        status = DiagnosticStatus(level=_LEVELS[d.level], name=f"csr_ros: {self.get_name()}",
-                                  message=d.message, hardware_id=self.get_fully_qualified_name(),
+        level, message = _LEVELS[d.level], d.message
+        if self.driver is None and self._reconciler_missing() and level == DiagnosticStatus.OK:
+            level, message = DiagnosticStatus.WARN, "no reconciler publishes " + \
+                self.params["topics.swaps"]
+        status = DiagnosticStatus(level=level, name=f"csr_ros: {self.get_name()}",
+                                  message=message, hardware_id=self.get_fully_qualified_name(),
                                   values=[KeyValue(key=k, value=v) for k, v in d.values])
         self.diagnostics_pub.publish(DiagnosticArray(header=_header(self), status=[status]))
+
+    def _reconciler_missing(self) -> bool:
+        """True while no reconciler publishes the swaps topic (it exited, or never started,
+        for 10 s after this node did); said once when it happens and once when one is back."""
+        missing = self.count_publishers(self.params["topics.swaps"]) == 0 and \
+            time.monotonic() - self.stats.started_s > 10.0
+        if missing != self.reconciler_missing:
+            self.reconciler_missing = missing
+            if missing:
+                self.get_logger().warning(
+                    f"no reconciler publishes {self.params['topics.swaps']}: decisions go on "
+                    f"against {self.fold.primary_url or self.params['resource.r1_url']} with "
+                    "nothing evicting the history, until the server's context is full. Look "
+                    "at the reconciler's log (server.launch.py)")
+            else:
+                self.get_logger().info("a reconciler publishes "
+                                       f"{self.params['topics.swaps']} again")
+        return missing
 
     def close(self) -> None:
         """Stop deciding: a running query is abandoned (its thread is a daemon; its answer is
         not published), queued ones are cancelled."""
         with self.lock:
             self.closing = True
+            waiting, self.demands = list(self.demands.values()), {}
+        for demand in waiting:
+            demand.done.cancel()
         self.worker.stop()
+        self.decide_server.destroy()
         for _, resource in self.http_resources.values():
             resource.close()
         unroute_library_logging(self)
+
+
+@dataclass(eq=False)
+class _Demand:
+    """An on-demand query (a Query service call or a Decide goal) while it waits and runs."""
+
+    task: str
+    suffix: str
+    max_new_tokens: int
+    goal_handle: object | None = None          # the Decide goal (None: the Query service)
+    on_token: Callable[[int], None] | None = None
+    key: int | None = None                     # its place in the scheduler's queue
+    started_s: float = 0.0                     # when its query started (monotonic)
+    first_token_s: float | None = None
+    done: Future = field(default_factory=Future)
+
+
+def _settle(done: Future, query: Future) -> None:
+    """Pass a query's outcome on to the future its caller waits on."""
+    if done.done():
+        return
+    if query.cancelled():
+        done.cancel()
+    elif query.exception() is not None:
+        done.set_exception(query.exception())
+    else:
+        done.set_result(query.result())
+
+
+def _goal_key(goal_handle) -> bytes:
+    return bytes(goal_handle.goal_id.uuid)
+
+
+def _wait_for_cancel_state(goal_handle, timeout_s: float = 2.0) -> None:
+    """rclpy marks a goal canceling right after the cancel callback returns, and that callback
+    may have started the execution of a goal that was still waiting: wait for the mark."""
+    deadline = time.monotonic() + timeout_s
+    while not goal_handle.is_cancel_requested and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 class _QueryWorker:
