@@ -5,12 +5,14 @@
 Sources:
 - `bag_episode`: a rosbag2 (mcap, sqlite3) or ROS 1 bag rendered by the aggregator's own code
   (`csr_ros.tools.replay`), with a questions file (`load_questions`).
-- `ama_episodes`: AMA-Bench's episode JSONL (one episode per line, questions after the whole
-  trajectory).
+- `ama_episodes`: AMA-Bench episodes: its JSONL (one episode per line, as its published
+  `open_end_qa_set.jsonl`), or a single episode as one JSON object in a `.json` file (as
+  AMA-Bench publishes example episodes); questions after the whole trajectory.
 
 Questions JSONL, one object per line:
     {"t_s": 42.0, "question": "Where was the red mug last seen?", "answer": "kitchen",
-     "choices": ["kitchen", "office", "garage"]}          # choices optional; kind/id optional
+     "choices": ["kitchen", "office", "garage"],          # choices optional; kind/id optional
+     "evidence_t_s": [31.0]}                              # optional: the evidence's times
 `t_s` counts seconds from the start of the episode (for a bag: its first message).
 
 Pure apart from reading the input files.
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from csr_ros.errors import ConfigError
+from csr_ros.eval.evidence import Evidence, evidence_from_record, steps_named
 
 NS_PER_S = 1_000_000_000
 
@@ -44,8 +47,10 @@ class Question:
     question: str
     answer: str
     choices: tuple[str, ...] = ()
-    kind: str = ""         # e.g. last_seen | asked_for | last_result | how_long_ago
+    kind: str = ""         # e.g. last_seen | asked_for | last_result | how_long_ago; AMA: A-D
     qid: str = ""
+    sub_type: str = ""     # AMA-Bench's sub_type (A1, C4, ...)
+    evidence: tuple[Evidence, ...] = ()   # the observations that make the answer true
 
 
 @dataclass
@@ -124,7 +129,8 @@ def question_from_record(record: object, *, where: str) -> Question:
             raise ConfigError(f"{where}: the answer {answer!r} is not one of the choices {choices}")
     return Question(t_s=t_s, question=question.strip(), answer=answer.strip(),
                     choices=tuple(choices), kind=str(record.get("kind", "")),
-                    qid=str(record.get("id", "")))
+                    qid=str(record.get("id", "")),
+                    evidence=evidence_from_record(record.get("evidence_t_s"), where=where))
 
 
 def write_questions(questions: Iterable[Question], path: str | Path) -> Path:
@@ -138,6 +144,9 @@ def write_questions(questions: Iterable[Question], path: str | Path) -> Path:
                 record["kind"] = q.kind
             if q.qid:
                 record["id"] = q.qid
+            if q.evidence:
+                record["evidence_t_s"] = [{"t_s": e.t_s, "source": e.source} if e.source
+                                          else e.t_s for e in q.evidence]
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     return path
 
@@ -212,8 +221,9 @@ def split_options(question: str) -> tuple[str, list[tuple[str, str]]] | None:
 
 def ama_episodes(path: str | Path, *, limit: int | None = None,
                  mcq: str = "text") -> list[EvalEpisode]:
-    """AMA-Bench JSONL: `{episode_id, task, domain, trajectory: [{turn_idx, action,
-    observation}], qa_pairs: [{question, answer}]}` per line (extra keys are kept in `meta`).
+    """AMA-Bench episodes: `{episode_id, task, domain, task_type, trajectory: [{turn_idx,
+    action, observation}], qa_pairs: [{question, answer, type?, sub_type?, question_uuid?}]}`,
+    one per line of a `.jsonl` file, or one JSON object (or a list of them) in a `.json` file.
 
     Each turn becomes one observation ("Step i:\\nAction: ...\\nObservation: ...", the text
     AMA-Bench's own harness builds), one second apart; the questions come after the last turn.
@@ -228,6 +238,17 @@ def ama_episodes(path: str | Path, *, limit: int | None = None,
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"AMA-Bench file {path} does not exist")
+    if path.suffix == ".json":
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); an "
+                              "AMA-Bench .json file holds one episode object") from None
+        records = document if isinstance(document, list) else [document]
+        if not records:
+            raise ConfigError(f"{path} holds no episodes")
+        return [ama_episode(r, where=f"{path}" + (f"[{i}]" if len(records) > 1 else ""),
+                            mcq=mcq) for i, r in enumerate(records[:limit])]
     episodes = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -258,15 +279,19 @@ def ama_episode(record: object, *, where: str = "episode", mcq: str = "text") ->
     if not isinstance(qa_pairs, list) or not qa_pairs:
         raise ConfigError(f"{where}: qa_pairs must be a non-empty list")
     observations = []
+    at_step: dict[int, int] = {}               # turn_idx -> position in the trajectory
     for i, turn in enumerate(trajectory):
         if not isinstance(turn, dict) or "action" not in turn or "observation" not in turn:
             raise ConfigError(f"{where}: turn {i} needs action and observation")
         turn_idx = turn.get("turn_idx", i)
+        if isinstance(turn_idx, int) and not isinstance(turn_idx, bool):
+            at_step.setdefault(turn_idx, i)
         text = (f"Step {turn_idx}:\nAction: {_as_text(turn['action'])}\n"
                 f"Observation: {_as_text(turn['observation'])}")
         observations.append(Observation(t_s=float(i), source="turn", text=text,
                                         stamp_ns=i * NS_PER_S))
     t_ask = float(len(trajectory))
+    last_step = max(at_step, default=-1)
     questions = []
     for j, qa in enumerate(qa_pairs):
         if not isinstance(qa, dict) or "question" not in qa or "answer" not in qa:
@@ -288,11 +313,20 @@ def ama_episode(record: object, *, where: str = "episode", mcq: str = "text") ->
             else:
                 labels = [f"({m})" for m in dict.fromkeys(_OPTION.findall(question))]
                 choices = tuple(labels) if answer in labels and len(labels) >= 2 else ()
+        steps = qa.get("evidence_steps")            # an extension: the steps, given
+        if steps is None:
+            steps = steps_named(str(qa["question"]), last_step)
+        elif not isinstance(steps, list) or not all(isinstance(n, int) for n in steps):
+            raise ConfigError(f"{where}: qa_pairs[{j}].evidence_steps must be a list of steps")
+        evidence = tuple(Evidence(t_s=float(at_step[n]), source="turn", exact=True)
+                         for n in steps if n in at_step)
+        uuid = qa.get("question_uuid")
         questions.append(Question(t_s=t_ask, question=question, answer=answer,
                                   choices=tuple(choices or ()), kind=str(qa.get("type") or ""),
-                                  qid=f"{record['episode_id']}/{j}"))
+                                  qid=f"{record['episode_id']}/{uuid if uuid else j}",
+                                  sub_type=str(qa.get("sub_type") or ""), evidence=evidence))
     task = str(record.get("task") or "").strip()
-    meta = {k: record[k] for k in ("domain", "task_type") if k in record}
+    meta = {k: record[k] for k in ("domain", "task_type", "source") if k in record}
     return EvalEpisode(name=str(record["episode_id"]), observations=observations,
                        questions=questions, context=f"Task: {task}" if task else "", meta=meta,
                        clock=False)

@@ -16,6 +16,9 @@
   time order, after the profile: a fresh prompt per question.
 - `NoMemoryMethod` ("none"): the profile and the question.
 
+Every method records the chunks its last prompt held (`last_chunks`) and counts the chunks it
+was given per observation (`seen`), for evidence coverage (`csr_ros.eval.evidence`).
+
 A question's static tokens reuse what the resource still caches: `PrefixCache` keeps the
 longest reusable prefix (the committed run when the request extends it, else the profile) and
 counts every token that had to be computed again ("recomputed").
@@ -24,6 +27,7 @@ counts every token that had to be computed again ("recomputed").
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -133,7 +137,8 @@ class MemoryMethod:
         self.policy = policy or ChunkPolicy()
         self.cache = PrefixCache(resource)
         self.history: _History | None = None
-        self.last_n_chunks = 0
+        self.last_chunks: list[Chunk] = []
+        self.seen: Counter = Counter()
 
     @property
     def budget(self) -> dict:
@@ -146,18 +151,25 @@ class MemoryMethod:
 
     def begin(self, profile: str) -> None:
         self.history = _History(self.tokenizer, self.layout, profile, self.mode, self.policy)
+        self.last_chunks, self.seen = [], Counter()
         state = self.history.state
         self.cache.begin(state.prefix_ids, state.prefix_text if self.mode == "text" else None)
 
     def observe(self, obs: Observation) -> list[Chunk]:
-        return self.history.add(obs)
+        chunks = self.history.add(obs)
+        self.seen.update((c.source, c.stamp_ns) for c in chunks)
+        return chunks
+
+    @property
+    def last_n_chunks(self) -> int:
+        return len(self.last_chunks)
 
     def select(self, question: str) -> list[Chunk]:
         raise NotImplementedError
 
     def prompt(self, task: str, suffix: str, question: str) -> tuple[object, Request, Prepared]:
         chunks = self.select(question)
-        self.last_n_chunks = len(chunks)
+        self.last_chunks = list(chunks)
         request = self.history.view(chunks).build_request(task=task, suffix=suffix)
         return self.resource, request, self.cache.prepare(request)
 
@@ -278,6 +290,8 @@ class CsrMethod:
                                       n_catchup_tokens=int(n_catchup_tokens))
         self.reconciler = None
         self._last_ids: tuple[int, ...] = ()
+        self.last_chunks: list[Chunk] = []
+        self.seen: Counter = Counter()
         self.totals = {"swaps": 0, "fallbacks": 0, "evicted_chunks": 0}
 
     @property
@@ -301,10 +315,12 @@ class CsrMethod:
         self.reconciler = Reconciler(state, self.resources, self.config, policy=self.evict)
         self.reconciler.start(wait=True)
         self._last_ids = ()
+        self.last_chunks, self.seen = [], Counter()
 
     def observe(self, obs: Observation) -> list[Chunk]:
         rec = self.reconciler
         chunks = rec.add_chunk(obs.text, source=obs.source, stamp_ns=obs.stamp_ns)
+        self.seen.update((c.source, c.stamp_ns) for c in chunks)
         if rec.machine.reconciling:
             # On the robot the warm-up runs while new chunks keep arriving (viability, eq. 54);
             # a replay is much faster than the robot, so let it finish before the next chunk.
@@ -315,6 +331,7 @@ class CsrMethod:
         rec = self.reconciler
         rec.wait_idle()          # the eager extends of the newest chunks, as on an idle robot
         request = rec.machine.active.build_request(task=task, suffix=suffix)
+        self.last_chunks = list(rec.machine.active.chunks)
         resource = rec.primary
         # Only a query routed through the machine may commit static tokens; after wait_idle the
         # primary holds the whole active static part (eager extends), so asking it directly

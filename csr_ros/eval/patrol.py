@@ -11,6 +11,9 @@ a complete memory):
 - last_result:   "What did the robot's last action return?"    → "name(target): result"
 - how_long_ago:  "How long ago did <speaker> last speak?"      → under 1 / 1-3 / 3-6 / over 6 min
 
+Each question's evidence is the ground-truth event its answer is taken from (the sighting, the
+utterance, the action result): the chunk of that event is what a memory must hold.
+
 Question times are drawn uniformly after the first minute; kinds take turns. Deterministic for
 a seed. Pure apart from `patrol_episode`, which reads (or writes) the bag.
 """
@@ -23,6 +26,7 @@ from typing import Any, Sequence
 
 from csr_ros.errors import ConfigError
 from csr_ros.eval.episode import EvalEpisode, Question, bag_episode
+from csr_ros.eval.evidence import Evidence, resolve
 
 KINDS = ("last_seen", "asked_for", "last_result", "how_long_ago")
 AGE_BUCKETS = ((60.0, "under 1 minute"), (180.0, "1 to 3 minutes"), (360.0, "3 to 6 minutes"),
@@ -97,7 +101,8 @@ def patrol_questions(events: Sequence[dict[str, Any]], duration_s: float, *,
                 asked.add(q[0])
                 questions.append(Question(t_s=t_s, question=q[0], answer=q[1],
                                           choices=tuple(q[2]), kind=kind,
-                                          qid=f"q{len(questions):03d}"))
+                                          qid=f"q{len(questions):03d}",
+                                          evidence=(_evidence(q[3]),)))
                 break
     if not questions:
         raise ConfigError("the patrol has no event to ask about; generate a longer one")
@@ -115,6 +120,14 @@ def _action_text(e: dict[str, Any]) -> str:
     return f"{e['name']}({e['target']}): {e['result']}"
 
 
+def _evidence(e: dict[str, Any]) -> Evidence:
+    """The observation an event's message became: at the event's bag time, holding what the
+    question asks about (the object seen, the words said, the action and its result)."""
+    held = {"detection": lambda: e["object"], "utterance": lambda: e["request"],
+            "action": lambda: _action_text(e)}[e["kind"]]()
+    return Evidence(t_s=float(e["t_s"]), contains=held)
+
+
 def _before(events, kind: str, t_s: float) -> list[dict[str, Any]]:
     return [e for e in events if e["kind"] == kind and e["t_s"] + MARGIN_S <= t_s]
 
@@ -127,7 +140,8 @@ def _options(answer: str, pool: Sequence[str], rng: random.Random, n: int = 4) -
 
 
 def _ask(kind: str, t_s: float, events, pools, rng: random.Random):
-    """(question, answer, choices) or None when nothing of this kind happened yet."""
+    """(question, answer, choices, the event answering it) or None when nothing of this kind
+    happened yet."""
     if kind == "last_seen":
         seen = _before(events, "detection", t_s)
         if not seen:
@@ -138,7 +152,7 @@ def _ask(kind: str, t_s: float, events, pools, rng: random.Random):
         obj = rng.choice(sorted(last))
         answer = last[obj]["room"]
         return (f"Where was the {obj} last seen?", answer,
-                _options(answer, pools["rooms"], rng))
+                _options(answer, pools["rooms"], rng), last[obj])
     if kind in ("asked_for", "how_long_ago"):
         said = _before(events, "utterance", t_s)
         if not said:
@@ -152,11 +166,11 @@ def _ask(kind: str, t_s: float, events, pools, rng: random.Random):
             options = _options(e["request"], pools["requests"], rng)
             if len(options) < 2:
                 return None
-            return f"What did {speaker} last ask the robot?", e["request"], options
+            return f"What did {speaker} last ask the robot?", e["request"], options, e
         age_s = t_s - e["t_s"]
         answer = next(label for limit, label in AGE_BUCKETS if age_s < limit)
         return (f"How long ago did {speaker} last speak to the robot?", answer,
-                [label for _, label in AGE_BUCKETS])
+                [label for _, label in AGE_BUCKETS], e)
     if kind == "last_result":
         done = _before(events, "action", t_s)
         if not done:
@@ -165,7 +179,7 @@ def _ask(kind: str, t_s: float, events, pools, rng: random.Random):
         options = _options(answer, pools["actions"], rng)
         if len(options) < 2:
             return None
-        return "What did the robot's last action return?", answer, options
+        return "What did the robot's last action return?", answer, options, done[-1]
     raise AssertionError(f"unknown question kind {kind}")
 
 
@@ -185,15 +199,18 @@ def patrol_ama_record(directory: str | Path, *, duration_s: float = 600.0, n_que
                                  seed=seed, at_s=truth.duration_s + 1.0,
                                  kinds=("last_seen", "asked_for", "last_result"))
     episode = _render(directory, truth, questions, params)
+    history = [o for o in episode.observations if not o.instant]
     turns = [{"turn_idx": i, "action": o.source, "observation": o.text}
-             for i, o in enumerate(o for o in episode.observations if not o.instant)]
+             for i, o in enumerate(history)]
+    step_of = {(o.source, o.stamp_ns): i for i, o in enumerate(history)}
     qa_pairs = []
     for q in questions:
         letters = [chr(ord("A") + i) for i in range(len(q.choices))]
         options = " ".join(f"({letter}) {choice}" for letter, choice in zip(letters, q.choices))
         answer = letters[q.choices.index(q.answer)]
+        keys = resolve(q.evidence, history, where=q.question)
         qa_pairs.append({"question": f"{q.question} {options}", "answer": f"({answer})",
-                         "type": q.kind})
+                         "type": q.kind, "evidence_steps": sorted(step_of[k] for k in keys)})
     return {"episode_id": f"patrol-{truth.seed}-{int(truth.duration_s)}s",
             "task": "Patrol the flat, help the people in it and report what you saw.",
             "domain": "embodied_ai", "task_type": "patrol", "trajectory": turns,

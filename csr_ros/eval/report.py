@@ -3,9 +3,15 @@
 Row (JSON-ready), the fields the issue names first:
     method, budget, n_questions, accuracy, ci95 [lo, hi] (Wilson), ttft_p50_s, ttft_p99_s,
     prompt_tokens_mean, recomputed_tokens_mean,
+    evidence_coverage (the share of questions with named evidence whose evidence was all in
+    the prompt; None when no question names any), and over the open questions (no choices)
+    f1 (mean token F1) and judge (the share the judge scored 1.0; None where no judge ran),
 then label, n_correct, accuracy_contains (the answer appears in the prediction),
+n_open, n_with_evidence, judge_score_mean (AMA-Bench's avg_score: F1 fallbacks count their
+F1), judge_unparsed (replies with neither yes nor no),
 decision_p50_s / decision_p99_s (until the answer is chosen),
-history_tokens_mean (chunk tokens in the prompt), accuracy_by_kind, and the run's counters
+history_tokens_mean (chunk tokens in the prompt), accuracy_by_kind (per question kind, e.g.
+AMA-Bench's type A-D: n, accuracy, f1, judge, evidence_coverage), and the run's counters
 (wall_s; CSR: swaps, fallbacks, evicted_chunks).
 
 Pure apart from writing the plot.
@@ -31,21 +37,24 @@ def summarize(records: Sequence, runs: Sequence[dict]) -> list[dict]:
         lo, hi = wilson_interval(n_ok, n)
         ttft = [r.ttft_s for r in mine]
         decision = [r.decision_s for r in mine]
-        kinds: dict[str, list[bool]] = {}
+        kinds: dict[str, list] = {}
         for r in mine:
-            kinds.setdefault(r.kind or "-", []).append(r.correct)
+            kinds.setdefault(r.kind or "-", []).append(r)
         row = {
             "method": run["method"], "budget": run["budget"], "n_questions": n,
             "accuracy": n_ok / n if n else None, "ci95": [lo, hi],
             "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
             "prompt_tokens_mean": _mean([r.prompt_tokens for r in mine]),
             "recomputed_tokens_mean": _mean([r.recomputed_tokens for r in mine]),
+            **scores(mine),
             "label": run["label"], "n_correct": n_ok,
             "accuracy_contains": sum(r.contains for r in mine) / n if n else None,
             "decision_p50_s": percentile(decision, 50),
             "decision_p99_s": percentile(decision, 99),
             "history_tokens_mean": _mean([r.history_tokens for r in mine]),
-            "accuracy_by_kind": {k: {"n": len(v), "accuracy": sum(v) / len(v)}
+            "accuracy_by_kind": {k: {"n": len(v), "accuracy": sum(r.correct for r in v) / len(v),
+                                     **{key: value for key, value in scores(v).items()
+                                        if key in KIND_SCORES}}
                                  for k, v in sorted(kinds.items())},
         }
         row.update({k: v for k, v in run.items() if k not in ("method", "budget", "label")})
@@ -53,19 +62,42 @@ def summarize(records: Sequence, runs: Sequence[dict]) -> list[dict]:
     return rows
 
 
+KIND_SCORES = ("f1", "judge", "evidence_coverage")
+
+
+def scores(records: Sequence) -> dict:
+    """Evidence coverage over the questions that name evidence; F1 and the judge over the open
+    questions (None where there are none, or no judge ran)."""
+    evident = [r.evidence_covered for r in records if r.evidence_covered is not None]
+    open_ = [r for r in records if not r.choices]
+    judged = [r.judge for r in open_ if r.judge is not None]
+    return {
+        "evidence_coverage": sum(evident) / len(evident) if evident else None,
+        "f1": _mean([r.f1 for r in open_]),
+        "judge": sum(j == 1.0 for j in judged) / len(judged) if judged else None,
+        "judge_ci95": list(wilson_interval(sum(j == 1.0 for j in judged), len(judged)))
+        if judged else None,
+        "n_open": len(open_), "n_with_evidence": len(evident),
+        "judge_score_mean": _mean(judged),
+        "judge_unparsed": sum(r.judge_parsed is False for r in open_) if judged else None,
+    }
+
+
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    lines = ["| method | budget | n | accuracy | 95% CI | TTFT p50 [s] | TTFT p99 [s] | "
-             "prompt tokens | recomputed tokens | history tokens |",
-             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| method | budget | n | accuracy (EM) | 95% CI | F1 | judge | evidence coverage | "
+             "TTFT p50 [s] | TTFT p99 [s] | prompt tokens | recomputed tokens | history tokens |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         budget = ", ".join(f"{k}={v}" for k, v in r["budget"].items()) or "-"
         lines.append(
             f"| {r['method']} | {budget} | {r['n_questions']} | {_f(r['accuracy'], 3)} | "
-            f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] | {_f(r['ttft_p50_s'], 3)} | "
+            f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] | {_f(r.get('f1'), 3)} | "
+            f"{_f(r.get('judge'), 3)} | {_f(r.get('evidence_coverage'), 3)} | "
+            f"{_f(r['ttft_p50_s'], 3)} | "
             f"{_f(r['ttft_p99_s'], 3)} | {_f(r['prompt_tokens_mean'], 0)} | "
             f"{_f(r['recomputed_tokens_mean'], 0)} | {_f(r['history_tokens_mean'], 0)} |")
     kinds = sorted({k for r in rows for k in r["accuracy_by_kind"]})
@@ -77,9 +109,21 @@ def markdown_table(rows: Sequence[dict]) -> str:
             cells = []
             for k in kinds:
                 cell = r["accuracy_by_kind"].get(k)
-                cells.append(f"{cell['accuracy']:.2f} ({cell['n']})" if cell else "-")
+                cells.append(_kind_cell(cell) if cell else "-")
             lines.append(f"| {r['method']} | {budget} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _kind_cell(cell: dict) -> str:
+    """'0.25 (12)': EM accuracy (questions); open ones add F1 and the judge when there are."""
+    parts = [f"{cell['accuracy']:.2f}"]
+    if cell.get("f1") is not None:
+        parts.append(f"F1 {cell['f1']:.2f}")
+    if cell.get("judge") is not None:
+        parts.append(f"judge {cell['judge']:.2f}")
+    if cell.get("evidence_coverage") is not None:
+        parts.append(f"ev {cell['evidence_coverage']:.2f}")
+    return " / ".join(parts) + f" ({cell['n']})"
 
 
 def _f(value, digits: int) -> str:

@@ -6,8 +6,13 @@
     records = evaluate(episodes, specs, resources, progress=print)
 
 Methods run one after another over the whole input, never interleaved, so that no method finds
-another's prompt in a shared server cache. Every method sees the same observations and is
-asked the same questions at the same episode times.
+another's prompt in a shared server cache (on the local engine each method has its own fork and
+every question is asked of all in turn). Every method sees the same observations and is asked
+the same questions at the same episode times.
+
+Every answer is scored by exact match (`correct`); an open one also by token F1 (`f1`), and
+after the run by an LLM judge (`judge_records`). Each record says whether the question's
+evidence was inside the prompt (`evidence_covered`, None for a question without evidence).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from typing import Callable, Sequence
 from csr_ros.errors import ConfigError
 from csr_ros.eval.episode import NS_PER_S, EvalEpisode, Observation, Question
 from csr_ros.eval.methods import (METHODS, Bm25Method, CsrMethod, NoMemoryMethod, WindowMethod)
-from csr_ros.eval.scoring import ask, contains_answer, exact_match
+from csr_ros.eval.evidence import covered, resolve
+from csr_ros.eval.scoring import ask, contains_answer, exact_match, token_f1
 from csr_ros.layout import Layout
 from csr_ros.policy_core import InstantValue, build_suffix
 
@@ -63,6 +69,13 @@ class QuestionRecord:
     recomputed_tokens: int
     history_tokens: int                # chunk tokens in the prompt
     history_chunks: int
+    sub_type: str = ""
+    f1: float | None = None            # token F1 of an open answer (None: a choice question)
+    evidence_items: int = 0            # observations the answer rests on (0: none named)
+    evidence_covered: bool | None = None   # all of them inside the prompt (None: none named)
+    judge: float | None = None         # the judge's score: 1.0 / 0.0, or F1 if it said neither
+    judge_parsed: bool | None = None   # the judge's reply held a yes or a no
+    judge_reply: str | None = None
 
 
 class EvalResources:
@@ -233,6 +246,7 @@ def _evaluate_interleaved(episodes, specs, resources, *, max_new_tokens, choice_
         for episode in episodes:
             for method in methods:
                 method.begin(profile_text(episode, profile))
+            evidence = evidence_keys(episode)
             instant: dict[str, InstantValue] = {}
             for item in episode.timeline():
                 if isinstance(item, Observation):
@@ -251,7 +265,7 @@ def _evaluate_interleaved(episodes, specs, resources, *, max_new_tokens, choice_
                     record = _ask_one(method, episode, item, suffix, len(per_method[i]),
                                       tokenizer=resources.tokenizer,
                                       max_new_tokens=max_new_tokens, choice_score=choice_score,
-                                      openai_choices=openai_choices)
+                                      openai_choices=openai_choices, evidence=evidence[item])
                     per_method[i].append(record)
                     line.append(f"{method.label}: {'ok' if record.correct else 'no'} "
                                 f"{record.ttft_s:.2f}s")
@@ -276,9 +290,16 @@ def _evaluate_interleaved(episodes, specs, resources, *, max_new_tokens, choice_
     return [r for mine in per_method for r in mine], runs
 
 
+def evidence_keys(episode: EvalEpisode) -> dict[Question, frozenset]:
+    """Each question's evidence resolved to the observations it names (empty: none named)."""
+    return {q: resolve(q.evidence, episode.observations,
+                       where=f"{episode.name}: question {q.qid or q.question!r}")
+            for q in episode.questions}
+
+
 def _ask_one(method, episode: EvalEpisode, question: Question, suffix: str, index: int, *,
-             tokenizer, max_new_tokens: int, choice_score: str,
-             openai_choices: str) -> QuestionRecord:
+             tokenizer, max_new_tokens: int, choice_score: str, openai_choices: str,
+             evidence: frozenset = frozenset()) -> QuestionRecord:
     resource, request, prepared = method.prompt(task_text(question), suffix, question.question)
     answer = ask(resource, request, choices=question.choices, tokenizer=tokenizer,
                  max_new_tokens=max_new_tokens, choice_score=choice_score,
@@ -293,13 +314,18 @@ def _ask_one(method, episode: EvalEpisode, question: Question, suffix: str, inde
         contains=contains_answer(answer.prediction, question.answer), ttft_s=answer.ttft_s,
         decision_s=answer.decision_s, prompt_tokens=prepared.n_prompt,
         recomputed_tokens=prepared.n_recomputed, history_tokens=n_history,
-        history_chunks=_n_chunks(request, method))
+        history_chunks=len(method.last_chunks), sub_type=question.sub_type,
+        f1=None if question.choices else token_f1(answer.prediction, question.answer),
+        evidence_items=len(evidence),
+        evidence_covered=covered(evidence, method.last_chunks, method.seen) if evidence
+        else None)
 
 
 def _run_episode(method, episode: EvalEpisode, *, max_new_tokens: int, choice_score: str,
                  openai_choices: str, profile: str, tokenizer, progress, done_before: int,
                  n_total: int) -> list[QuestionRecord]:
     method.begin(profile_text(episode, profile))
+    evidence = evidence_keys(episode)
     instant: dict[str, InstantValue] = {}
     out: list[QuestionRecord] = []
     for item in episode.timeline():
@@ -315,7 +341,7 @@ def _run_episode(method, episode: EvalEpisode, *, max_new_tokens: int, choice_sc
             suffix = clock_suffix(instant, question.t_s, episode.start_ns)
         record = _ask_one(method, episode, question, suffix, len(out), tokenizer=tokenizer,
                           max_new_tokens=max_new_tokens, choice_score=choice_score,
-                          openai_choices=openai_choices)
+                          openai_choices=openai_choices, evidence=evidence[question])
         out.append(record)
         if progress is not None:
             done = done_before + len(out)
@@ -332,12 +358,6 @@ def _prefix_ids(method) -> tuple[int, ...]:
     return method.history.state.prefix_ids
 
 
-def _n_chunks(request, method) -> int:
-    if isinstance(method, CsrMethod):
-        return len(method.reconciler.machine.active.chunks)
-    return method.last_n_chunks
-
-
 def clock_suffix(instant: dict[str, InstantValue], t_s: float, start_ns: int) -> str:
     """The dynamic suffix of a question at episode time `t_s`: the current time on the chunks'
     clock (whole seconds since the first message, as the renderer prefixes chunks), then the
@@ -345,6 +365,29 @@ def clock_suffix(instant: dict[str, InstantValue], t_s: float, start_ns: int) ->
     now_ns = start_ns + int(round(t_s * NS_PER_S))
     lines = build_suffix(instant, now_ns, stale_s=INSTANT_STALE_S).splitlines()[1:]
     return "\n".join([f"now: {int(t_s)}s"] + lines)
+
+
+def judge_context(episode: EvalEpisode) -> dict[str, str]:
+    """What the judge is told of the episode besides the question: its task type and task."""
+    task = episode.context.removeprefix("Task: ") if episode.context.startswith("Task: ") else ""
+    return {"Task type": str(episode.meta.get("task_type") or ""), "Task": task}
+
+
+def judge_records(records: Sequence[QuestionRecord], judge, episodes: Sequence[EvalEpisode], *,
+                  progress: Callable[[str], None] | None = None) -> int:
+    """Score every open answer with `judge` (a `csr_ros.eval.judge.Judge`), in place; returns
+    how many the judge was asked (identical answers to the same question are judged once)."""
+    contexts = {e.name: judge_context(e) for e in episodes}
+    todo = [r for r in records if not r.choices]
+    for n, record in enumerate(todo, 1):
+        verdict = judge(record.question, record.answer, record.prediction,
+                        context=contexts.get(record.episode))
+        record.judge, record.judge_parsed = verdict.score, verdict.parsed
+        record.judge_reply = verdict.reply
+        if progress is not None and (n % 10 == 0 or n == len(todo)):
+            progress(f"[judge {judge.name}] {n}/{len(todo)} answers judged "
+                     f"({judge.n_calls} asked)")
+    return judge.n_calls
 
 
 def records_as_dicts(records: Sequence[QuestionRecord]) -> list[dict]:

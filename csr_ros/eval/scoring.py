@@ -13,8 +13,9 @@ Questions with choices are scored by the log-likelihood of each choice given the
 A choice's score is the mean log-probability of its tokens (`choice_score="mean"`, the default:
 choices of different token lengths compete fairly) or their sum (`"sum"`).
 
-Other questions: a greedy answer, normalized (case, punctuation, articles, underscores,
-whitespace) and compared for exact match.
+Other (open) questions: a greedy answer, scored as AMA-Bench scores open answers: normalized
+exact match and token F1 here (`normalize_answer`, `token_f1`), and an LLM judge
+(`csr_ros.eval.judge`) after the run.
 
 TTFT is measured at one point per backend: from the call until the prompt is processed and the
 first answer token is known; `decision_s` runs until the answer is chosen (all choices scored,
@@ -25,8 +26,8 @@ from __future__ import annotations
 
 import math
 import re
-import string
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -46,20 +47,39 @@ class Answer:
 
 # -- judging ------------------------------------------------------------------------------------
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = str.maketrans({c: " " for c in string.punctuation.replace("(", "").replace(")", "")})
+ARTICLES = frozenset({"a", "an", "the"})
+# A word is a run of letters and digits (underscores split words: ROS names such as red_mug
+# read as "red mug"); an option label "(b)" is kept as one token.
+_TOKEN = re.compile(r"\([^\W_]\)|[^\W_]+")
+
+
+def answer_tokens(text: str) -> list[str]:
+    """AMA-Bench's normalization as tokens: lower case, every non-word character a separator,
+    the articles a/an/the dropped. Two additions: underscores separate words, and an option
+    label such as "(B)" stays one token (so "(A)" is not read as the article "a")."""
+    return [t for t in _TOKEN.findall(text.lower()) if t not in ARTICLES]
 
 
 def normalize_answer(text: str) -> str:
-    """Lower case, underscores and punctuation to spaces, no articles, single spaces."""
-    text = text.strip().splitlines()[0] if text.strip() else ""
-    text = text.lower().replace("_", " ").translate(_PUNCT)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
+    """The whole answer, normalized: tokens joined by single spaces."""
+    return " ".join(answer_tokens(text))
 
 
 def exact_match(prediction: str, answer: str) -> bool:
     return normalize_answer(prediction) == normalize_answer(answer) != ""
+
+
+def token_f1(prediction: str, answer: str) -> float:
+    """Token F1 of the normalized answers (the SQuAD measure AMA-Bench uses): 1.0 when both
+    are empty, 0.0 when only one is."""
+    said, gold = answer_tokens(prediction), answer_tokens(answer)
+    if not said or not gold:
+        return 1.0 if not said and not gold else 0.0
+    common = sum((Counter(said) & Counter(gold)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(said), common / len(gold)
+    return 2 * precision * recall / (precision + recall)
 
 
 def contains_answer(prediction: str, answer: str) -> bool:
@@ -181,11 +201,11 @@ def score_choices_openai(resource, request: Request,
                          choices: Sequence[str]) -> tuple[float, float, list[list[float]]]:
     """(ttft_s, decision_s, per-token log-probs of each choice) over an OpenAI-compatible
     server: a one-token streamed query gives TTFT (and warms the server's prefix cache), then
-    each choice is scored by `echo` + `logprobs` on prompt ⊕ choice."""
+    the choices are scored from that cache (`OpenAIResource.choice_logprobs`)."""
     started = time.perf_counter()
     first = resource.query(request, max_new_tokens=1)
     prompt = resource.prompt_of(request)
-    logprobs = [resource.echo_logprobs(prompt, choice) for choice in choices]
+    logprobs = resource.choice_logprobs(prompt, choices)
     for choice, lps in zip(choices, logprobs):
         if not lps:
             raise ResourceError(f"{resource.url} returned no log-probabilities for the choice "

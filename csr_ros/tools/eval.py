@@ -3,6 +3,7 @@
     csr-ros eval run1/ --questions q.jsonl --methods csr,window,bm25,none --json e.json --plot e.png
     csr-ros eval episodes.jsonl --format ama --tau-mem 2048 --match tokens
     csr-ros eval patrol_out/ --format patrol --duration-s 600 --n-questions 60
+    csr-ros eval task_alfworld_1.json --judge-url http://127.0.0.1:8080   # an AMA episode
     csr-ros eval run1/ --questions q.jsonl --resource openai \
         --url http://gpu:8001 --url http://gpu:8002
 
@@ -13,6 +14,11 @@ same resource and model, one method after another. Budgets are parameters and ta
 `--match ttft` gives them the history a prefill can process in CSR's TTFT p50 (measured
 prefill rate); `--match ttft,tokens` runs both side by side. Progress goes to stderr, the
 table to stdout.
+
+Open answers are scored by exact match and token F1, and, with `--judge-url` (any
+OpenAI-compatible server) or `--judge-model` (a model the local engine loads), by an LLM judge
+after the run, as AMA-Bench scores them. The judge is never the evaluated model unless
+`--judge-self` asks for it.
 """
 
 from __future__ import annotations
@@ -32,11 +38,13 @@ MATCHES = ("tokens", "ttft", "none")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", type=Path, nargs="+",
                         help="bag (rosbag2 directory/file or ROS 1 .bag; several for a split "
-                             "bag), AMA-Bench JSONL, or a patrol directory (written if absent)")
+                             "bag), AMA-Bench JSONL or single-episode .json, or a patrol "
+                             "directory (written if absent)")
     parser.add_argument("--questions", type=Path, default=None,
                         help="questions JSONL (t_s, question, answer, choices?) for a bag")
     parser.add_argument("--format", choices=FORMATS, default="auto",
-                        help="input format (auto: .jsonl is ama, --questions means bag)")
+                        help="input format (auto: .jsonl and .json are ama, --questions means "
+                             "bag)")
     parser.add_argument("--methods", default="csr,window,bm25,none",
                         help="comma-separated: csr, window, bm25, none (default all four)")
     res = parser.add_argument_group("resource")
@@ -73,6 +81,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ask.add_argument("--openai-choices", choices=("auto", "logprobs", "generate"),
                      default="auto", help="choices over HTTP: echo logprobs or a greedy answer "
                                           "matched to them (auto: logprobs on vLLM/SGLang)")
+    judge = parser.add_argument_group("judge (open answers, AMA-Bench's protocol)")
+    judge.add_argument("--judge-url", default=None,
+                       help="an OpenAI-compatible server to judge open answers (chat "
+                            "completions, temperature 0)")
+    judge.add_argument("--judge-model-name", default=None,
+                       help="--judge-url: the served model's id, if the server needs one")
+    judge.add_argument("--judge-model", default=None,
+                       help="judge on the local engine: a model name or directory it loads")
+    judge.add_argument("--judge-threads", type=int, default=None,
+                       help="--judge-model: CPU threads (default: --threads)")
+    judge.add_argument("--judge-max-tokens", type=int, default=16,
+                       help="tokens of a judge's reply (default 16: the verdict is yes or no)")
+    judge.add_argument("--judge-self", action="store_true",
+                       help="allow the evaluated model (same --model, or a --url) as the judge")
     src = parser.add_argument_group("input")
     src.add_argument("--params", type=Path, default=None,
                      help="bag: parameters file with the aggregator's sources")
@@ -123,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
                              n_questions=args.n_questions, seed=args.seed, params=args.params)
         _say(progress, f"wrote {n} patrol episode(s) in AMA-Bench's format to {args.write_ama}")
         return 0
+    judge_spec = check_judge(args)
     fmt, episodes = load_input(args)
     if args.max_questions is not None:
         for e in episodes:
@@ -163,8 +186,28 @@ def run(args: argparse.Namespace) -> int:
                 run_["interleaved"] = False
     finally:
         resources.close()
+    judge_name = None
+    if judge_spec is not None and any(not r.choices for r in records):
+        from csr_ros.eval.run import judge_records
+
+        judge = make_judge(args, judge_spec)
+        judge_name = judge.name
+        judge_started = time.monotonic()
+        try:
+            n_asked = judge_records(records, judge, episodes, progress=progress)
+        finally:
+            judge.close()
+        _say(progress, f"judge {judge_name}: {n_asked} verdicts in "
+                       f"{time.monotonic() - judge_started:.0f} s")
+    elif judge_spec is not None:
+        _say(progress, "judge: no open question (every question has choices), nothing judged")
+        if judge_spec[0] == "url":
+            judge_spec[1].close()
     rows = summarize(records, runs)
     table = markdown_table(rows)
+    if any(r["n_open"] for r in rows):
+        table += ("\n\nOpen answers judged by " + judge_name if judge_name else
+                  "\n\nNo judge ran (--judge-url or --judge-model): the judge column is empty")
     print(table)
     if args.markdown is not None:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
@@ -174,7 +217,8 @@ def run(args: argparse.Namespace) -> int:
         meta = {"input": [str(p) for p in args.input], "format": fmt,
                 "resource": args.resource, "urls": args.url, "model": args.model or "smollm2",
                 "max_context_tokens": max_context, "match": args.match,
-                "choice_score": args.choice_score, "n_episodes": len(episodes),
+                "choice_score": args.choice_score, "judge": judge_name,
+                "n_episodes": len(episodes),
                 "n_questions": n_questions, "wall_s": time.monotonic() - started,
                 "argv": sys.argv[1:]}
         args.json.write_text(json.dumps({"methods": rows, "meta": meta,
@@ -198,7 +242,7 @@ def load_input(args) -> tuple[str, list]:
     if fmt == "auto":
         if args.questions is not None:
             fmt = "bag"
-        elif first.suffix == ".jsonl":
+        elif first.suffix in (".jsonl", ".json"):
             fmt = "ama"
         elif (first / "ground_truth.json").exists():
             fmt = "patrol"
@@ -207,7 +251,7 @@ def load_input(args) -> tuple[str, list]:
                               "--questions for a bag")
     if fmt == "ama":
         if len(args.input) != 1:
-            raise ConfigError("--format ama reads one JSONL file")
+            raise ConfigError("--format ama reads one file (JSONL, or a single-episode .json)")
         return fmt, ep.ama_episodes(first, limit=args.episodes, mcq=args.ama_mcq)
     if fmt == "bag":
         if args.questions is None:
@@ -248,6 +292,67 @@ def make_resources(args):
     if args.model:
         options["model"] = args.model
     return EvalResources.openai(args.url, **options)
+
+
+# -- the judge ----------------------------------------------------------------------------------
+
+def check_judge(args):
+    """The judge, checked before the run: None, ('local', MODEL) (loaded after the run), or
+    ('url', client) (connected now, so a wrong URL fails before a long run). Never the
+    evaluated model itself (the same --url, the same served model name, the same local model)
+    unless --judge-self."""
+    if args.judge_url and args.judge_model:
+        raise ConfigError("give --judge-url or --judge-model, not both")
+    if args.judge_model_name and not args.judge_url:
+        raise ConfigError("--judge-model-name names the model of a --judge-url server")
+    if args.judge_url:
+        same = [u for u in (args.url or []) if _same_url(u, args.judge_url)]
+        if same and not args.judge_self:
+            raise ConfigError(f"--judge-url {args.judge_url} is the server being evaluated; "
+                              "judge with another model, or pass --judge-self to allow it")
+        from csr_ros.eval.judge_clients import OpenAIJudgeClient
+
+        client = OpenAIJudgeClient(args.judge_url, model=args.judge_model_name,
+                                   max_tokens=args.judge_max_tokens)
+        evaluated = args.model or ("smollm2" if args.resource == "local" else None)
+        if evaluated and client.model == evaluated and not args.judge_self:
+            client.close()
+            raise ConfigError(f"--judge-url {args.judge_url} serves {client.model!r}, the "
+                              "model being evaluated; judge with another model, or pass "
+                              "--judge-self to allow it")
+        return "url", client
+    if args.judge_model:
+        if args.resource == "local" and not args.judge_self:
+            from csr_ros.model_store import resolve_model_dir
+
+            judged = resolve_model_dir(args.model or "smollm2", weights=False).resolve()
+            if resolve_model_dir(args.judge_model, weights=False).resolve() == judged:
+                raise ConfigError(f"--judge-model {args.judge_model} is the model being "
+                                  "evaluated; judge with another model, or pass --judge-self "
+                                  "to allow it")
+        return "local", args.judge_model
+    if args.judge_self:
+        raise ConfigError("--judge-self allows the evaluated model as the judge: name it with "
+                          "--judge-url or --judge-model")
+    return None
+
+
+def _same_url(a: str, b: str) -> bool:
+    def norm(u: str) -> str:
+        u = u.strip().rstrip("/").removesuffix("/v1").replace("localhost", "127.0.0.1")
+        return u.lower()
+    return norm(a) == norm(b)
+
+
+def make_judge(args, spec):
+    from csr_ros.eval.judge import Judge
+    from csr_ros.eval.judge_clients import LocalJudgeClient
+
+    kind, where = spec
+    if kind == "url":
+        return Judge(where)
+    return Judge(LocalJudgeClient(where, threads=args.judge_threads or args.threads,
+                                  max_tokens=args.judge_max_tokens))
 
 
 # -- budgets ------------------------------------------------------------------------------------
