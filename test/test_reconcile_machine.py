@@ -327,6 +327,24 @@ def test_machine_falls_back_to_a_synchronous_eviction_when_the_warm_up_cannot_fi
     assert machine.evicted_seqs + [c.seq for c in machine.active.chunks] == sent
 
 
+def test_machine_context_room_is_exactly_what_a_chunk_may_take_without_a_fallback():
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=300, reserve_tokens=48,
+                             eager_extend=False)
+    machine = Reconciliation(new_state(), ["r1", "r2"], config)
+    (start,) = machine.start()
+    machine.handle(OpFinished(start.op_id, True))
+    while True:                                   # the warm-up on r2 never finishes
+        (chunk,) = machine.active.make_chunks("camera sees the red mug at 1.25 m", source="c",
+                                              stamp_ns=0)
+        room = machine.context_room_tokens
+        assert room == 300 - 48 - machine.active.n_static
+        machine.handle(ChunkArrived(chunk))
+        if chunk.n_tokens > room:
+            assert machine.counters.fallbacks == 1, "a chunk over the room falls back"
+            break
+        assert machine.counters.fallbacks == 0, "a chunk within the room never falls back"
+
+
 def test_machine_fails_over_to_the_secondary_when_the_primary_fails_a_query():
     config = ReconcileConfig(tau_mem_tokens=400, max_context_tokens=1000, reserve_tokens=48)
     machine = Reconciliation(new_state(), ["r1", "r2"], config)

@@ -253,6 +253,12 @@ class Reconciler:
     def primary(self) -> Resource:
         return self.resources[self.machine.primary]
 
+    def at_risk(self, n_tokens: int) -> bool:
+        """True while a reconciliation runs and `n_tokens` more static tokens would fill the
+        context before it ends (the next chunk of that size would force a fallback)."""
+        with self._lock:
+            return self.machine.reconciling and n_tokens > self.machine.context_room_tokens
+
     def capacity(self):
         """Eq. 54 from the measurements so far (`Reconciliation.capacity`)."""
         with self._lock:

@@ -306,6 +306,12 @@ class Reconciliation:
         return self.phase is not Phase.IDLE
 
     @property
+    def context_room_tokens(self) -> int:
+        """Static tokens that can still arrive before a chunk forces a synchronous fallback."""
+        limit = self.config.max_context_tokens - self.config.reserve_tokens
+        return limit - self.active.n_static
+
+    @property
     def primary_reloading(self) -> bool:
         """A reload of the primary (start, eviction, failover) is queued or waiting to retry."""
         return self._primary_op is not None or self._primary_retry_timer is not None
@@ -494,8 +500,8 @@ class Reconciliation:
     def _on_chunk(self, ev: ChunkArrived) -> list[Command]:
         chunk = ev.chunk
         cmds: list[Command] = []
-        limit = self.config.max_context_tokens - self.config.reserve_tokens
-        if self.active.n_static + chunk.n_tokens > limit:
+        if chunk.n_tokens > self.context_room_tokens:
+            limit = self.config.max_context_tokens - self.config.reserve_tokens
             cmds += self._fallback(chunk.n_tokens, limit)
         self.active.append(chunk)          # raises ChunkOrderError on a gap, nothing changed
         self.counters.chunks_in += 1

@@ -74,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--duration-s", type=float, default=None,
                      help="stop after this many seconds (default: only --cycles stops the run)")
     run.add_argument("--seed", type=int, default=0, help="episode seed (default 0)")
+    run.add_argument("--paced", action="store_true",
+                     help="hold an episode chunk that could fill the context while a "
+                          "reconciliation runs, and shift the schedule by the wait: every cycle "
+                          "then ends in a swap on any machine (tests; a robot cannot wait)")
     run.add_argument("--baseline", choices=["none", "sync", "unordered"], default="none",
                      help="sync: evict synchronously on one resource; unordered: no prefix reuse")
     stream = parser.add_argument_group("stream and policy")
@@ -175,6 +179,7 @@ class _Run:
     seen_lock: threading.Lock = field(default_factory=threading.Lock)
     stats: QueryStats = field(default_factory=QueryStats)        # what keep_up_warning reads
     behind: list[str] = field(default_factory=list)              # keep-up warnings, as logged
+    held_s: float = 0.0            # --paced: how long chunks waited for reconciliations
 
 
 def run_demo(args: argparse.Namespace) -> dict:
@@ -218,7 +223,8 @@ def _run_episode(args: argparse.Namespace, mode: str, config: ReconcileConfig,
         log.info("loading the prefix on %s", resources[0].name)
         rec.start(timeout_s=600)
         started_s = time.monotonic()
-        threads.append(threading.Thread(target=_produce, args=(rec, episode, r, started_s),
+        threads.append(threading.Thread(target=_produce,
+                                        args=(rec, episode, r, started_s, args.paced),
                                         name="episode", daemon=True))
         if args.inject_kill_warmup:
             threads.append(threading.Thread(target=_kill_during_warmup,
@@ -287,13 +293,25 @@ def _make_resources(args: argparse.Namespace, n: int) -> list:
     return [made[name] for name in names]
 
 
-def _produce(rec: Reconciler, episode: Episode, r: _Run, started_s: float) -> None:
-    """The robot side: episode chunks at their scheduled times."""
+def _produce(rec: Reconciler, episode: Episode, r: _Run, started_s: float,
+             paced: bool) -> None:
+    """The robot side: episode chunks at their scheduled times. `paced`: a chunk that could fill
+    the context during a reconciliation waits for the swap, and the schedule after it moves by
+    the wait (--paced: the outcome no longer depends on the machine's speed)."""
+    held_s, largest = 0.0, 64
     for item in episode.stream():
-        delay_s = started_s + item.t_s - time.monotonic()
+        delay_s = started_s + held_s + item.t_s - time.monotonic()
         if r.stop.wait(max(0.0, delay_s)):
             return
+        if paced:
+            waited_s = time.monotonic()
+            while rec.at_risk(2 * largest):
+                if r.stop.wait(0.05):
+                    return
+            held_s += time.monotonic() - waited_s
+            r.held_s = held_s
         chunks = rec.add_chunk(item.text, source=item.source, stamp_ns=time.time_ns())
+        largest = max([largest] + [c.n_tokens for c in chunks])
         with r.seen_lock:
             r.seen.observe(item.text)
         r.inputs += 1
@@ -474,6 +492,7 @@ def _summarize(rec: Reconciler, r: _Run, args, mode: str, started_s: float,
         "headroom_s": viability["headroom_s"],
         "headroom_min_s": min(r.headrooms_s) if r.headrooms_s else None,
         "keep_up_warnings": len(r.behind),
+        "paced": args.paced, "held_s": round(r.held_s, 3),
         "keep_up_last_warning": r.behind[-1] if r.behind else None,
         "samples": [{"t_s": round(o.started_s - started_s, 4), "ttft_s": round(o.ttft_s, 5),
                      "inside": o.inside_window, "version": int(o.request.version),
