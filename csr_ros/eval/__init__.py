@@ -1,8 +1,11 @@
 """`csr-ros eval`: memory recall against decision latency, CSR against the usual alternatives.
 
-    episode.py   observations and questions: a bag + questions JSONL, AMA-Bench JSONL
+    episode.py   observations and questions: a bag + questions JSONL, AMA-Bench JSONL / .json
     methods.py   csr (ASR eviction), window (last K tokens), bm25 (top-k chunks), none
-    scoring.py   asking a question (choice log-likelihoods, greedy exact match), statistics
+    scoring.py   asking a question (choice log-likelihoods, greedy answers), exact match, F1,
+                 statistics
+    judge.py     the LLM judge's protocol (AMA-Bench's); judge_clients.py: where replies come from
+    evidence.py  which observations make an answer true; whether a prompt held them
     run.py       replaying episodes into each method, one method after another
     report.py    rows per method and budget, the markdown table, the plot
 
