@@ -91,3 +91,25 @@ def test_on_a_patrol_no_memory_covers_nothing_csr_covers_recent_events_and_bm25_
     assert rows["csr tau_mem=300"]["evicted_chunks"] > 0
     assert 0.0 < rows["csr tau_mem=300"]["evidence_coverage"] < 1.0
     assert rows["csr tau_mem=300"]["accuracy_by_kind"]["old"]["evidence_coverage"] == 0.0
+
+
+def test_a_patrol_written_as_ama_names_each_questions_evidence_turn(tmp_path):
+    import json
+
+    from csr_ros.eval.episode import ama_episodes
+    from csr_ros.eval.patrol import write_patrol_ama
+    from csr_ros.eval.run import evidence_keys
+
+    out = tmp_path / "patrol_ama.jsonl"
+    write_patrol_ama([tmp_path / "p0"], out, duration_s=150.0, n_questions=6, seed=1)
+    record = json.loads(out.read_text())
+    (episode,) = ama_episodes(out)
+    for qa, question in zip(record["qa_pairs"], episode.questions):
+        (step,) = qa["evidence_steps"]
+        turn = record["trajectory"][step]["observation"]
+        if qa["type"] in ("asked_for", "last_result"):
+            assert question.answer in turn
+        else:
+            assert turn.split(": ", 1)[0].endswith("detections")
+        keys = evidence_keys(episode)[question]
+        assert keys == {("turn", step * 1_000_000_000)}
