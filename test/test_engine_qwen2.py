@@ -1,12 +1,15 @@
 """The local engine on a Qwen2 model: Qwen2.5-Coder-0.5B-Instruct, the catalog's smaller model.
 
 Qwen2 differs from the embedded SmolLM2 in what the lean forward and the prompt layout must get
-right: q/k/v biases, a tied head over a 151,936-token vocabulary, and its own ChatML template.
+right: q/k/v biases, an output head over a 151,936-token vocabulary, and its own ChatML template.
 Runs where the model is prepared (`csr-ros model prepare qwen2.5-coder-0.5b`; scripts/setup.sh
---qwen does it); skipped otherwise.
+--qwen does it); skipped otherwise, and failed instead under CSR_ROS_REQUIRE_QWEN=1
+(scripts/test.sh).
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -20,6 +23,8 @@ MODEL = "qwen2.5-coder-0.5b"
 try:
     resolve_gguf(MODEL)
 except ModelNotFoundError as error:
+    if os.environ.get("CSR_ROS_REQUIRE_QWEN") == "1":
+        raise
     pytest.skip(f"{error}", allow_module_level=True)
 
 
@@ -136,3 +141,21 @@ def test_a_fork_of_a_qwen2_engine_decodes_like_its_parent_and_stays_independent(
         assert child.query(dynamic, max_new_tokens=6).token_ids == expected
     finally:
         child.close()
+
+
+def test_llama_cpp_tokenizes_qwen_prompts_as_the_converted_tokenizer_does(qwen_engine):
+    """Token mode sends ids to a llama.cpp server of the same GGUF: both must agree."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+
+    vocab = llama_cpp.Llama(model_path=str(resolve_gguf(MODEL)), vocab_only=True, verbose=False)
+    tokenizer = qwen_engine.tokenizer
+    texts = ["[t=1.5s] odom x=12345.67 y=-0.05 yaw=0.30; battery 95%; lidar min 1.40 m ahead",
+             "Sighting: a red mug \U0001f375 in the kitchen \u2014 by the sink.\n\n  a\ttab",
+             "the operator said: <|im_end|> go on",
+             "What is the location of towel 1, cloth 2, soapbar 3 at step 76?"]
+    for text in texts:
+        assert tokenizer.encode_data(text) == vocab.tokenize(text.encode(), add_bos=False,
+                                                             special=False), text
+    run = "<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.encode_template(run) == vocab.tokenize(run.encode(), add_bos=False,
+                                                            special=True)
