@@ -110,15 +110,15 @@ def test_a_streamed_chat_over_the_openai_client_carries_tokens_and_usage(gateway
     usage = events[-1].usage
     assert events[0].choices[0].delta.role == "assistant"
     assert pieces and finishes in (["stop"], ["length"])
-    assert usage.completion_tokens == len(pieces) or finishes == ["stop"]
-    assert usage.prompt_tokens > 0 and usage.prompt_tokens_details.cached_tokens >= 0
+    assert 1 <= len(pieces) <= usage.completion_tokens <= 8
+    first_csr = events[0].model_extra["csr"]
+    assert usage.prompt_tokens == first_csr["n_static"] + first_csr["n_dynamic"]
     messages += [{"role": "assistant", "content": "".join(pieces)},
                  {"role": "user", "content": "Now say goodbye."}]
     again = list(client.chat.completions.create(
         model="csr-ros", messages=messages, max_tokens=8, stream=True,
         stream_options={"include_usage": True}, extra_headers={"X-Session-Id": "streamed"}))
-    assert again[-1].usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - \
-        again[0].model_extra["csr"]["n_dynamic"] - 1
+    assert again[-1].usage.prompt_tokens_details.cached_tokens >= first_csr["n_static"]
     assert again[0].model_extra["csr"]["new_version"] is False
     assert again[0].model_extra["csr"]["appended"] == 2
 

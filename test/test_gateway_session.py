@@ -165,3 +165,13 @@ def test_streamed_pieces_are_whole_tokens_that_join_to_the_answer():
     assert len(pieces) > 5 and all(pieces) and not any("\ufffd" in p for p in pieces)
     # an answer cut at a stop string: the pieces still join to the answer given
     assert "".join(stream_pieces(tokenizer.decode, ids, text[:10])) == text[:10]
+
+
+def test_a_version_that_could_not_be_built_makes_the_next_prompt_start_one_again():
+    transcript = Transcript()
+    prompt = chat(("user", "a"), ("assistant", "b"), ("user", "c"))
+    held(transcript, prompt)
+    transcript.forget()
+    plan = transcript.plan(prompt)
+    assert plan.new_version and plan.append == prompt.history
+    assert plan.reason == "the session's previous version could not be built"

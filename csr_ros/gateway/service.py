@@ -260,20 +260,24 @@ class Gateway:
         stamp_ns = time.time_ns()
         for text in plan.append:          # validates every message before anything changes
             state.add(text, source=prompt.kind, stamp_ns=stamp_ns)
-        old, broke = session.reconciler, session.reconciler is not None
+        old, broke = session.reconciler, session.transcript.profile is not None
         if old is not None:
             # The old version's work (a warm-up, a catch-up) finishes first: one caller per
             # resource at a time.
             old.wait_idle(timeout_s=self.config.start_timeout_s)
             old.close()
             session.reconciler = None
+        try:
+            reconciler = Reconciler(state, backend.resources, self.config.reconcile, logger=log)
+        except BaseException:
+            session.transcript.forget()    # the next prompt starts a version again
+            raise
         session.transcript.start_version(prompt, broke_prefix=broke)
         for text in plan.append:
             session.transcript.appended(text)
         (log.warning if broke else log.info)(
             "session %r: version %d (%s): %d messages as chunks, %d tokens", session.key,
             session.transcript.version, plan.reason, len(plan.append), state.n_static)
-        reconciler = Reconciler(state, backend.resources, self.config.reconcile, logger=log)
         session.reconciler = reconciler
         reconciler.start(timeout_s=self.config.start_timeout_s)
 

@@ -75,7 +75,9 @@ class Transcript:
     def plan(self, prompt: Prompt) -> Plan:
         """Pure: compare the prompt with what is held; the transcript is unchanged."""
         if self.profile is None:
-            return Plan(prompt.history, prompt.dynamic, True, "the session's first prompt")
+            reason = "the session's first prompt" if self.version == 0 else \
+                "the session's previous version could not be built"
+            return Plan(prompt.history, prompt.dynamic, True, reason)
         reason = self._break_reason(prompt)
         if reason:
             return Plan(prompt.history, prompt.dynamic, True, reason)
@@ -88,6 +90,11 @@ class Transcript:
         self.items = []
         self.version += 1
         self.new_versions += int(broke_prefix)
+
+    def forget(self) -> None:
+        """Nothing is held any more (the version could not be built): the next prompt starts
+        a new version, whatever it holds."""
+        self.profile, self.kind, self.items = None, None, []
 
     def appended(self, text: str) -> None:
         """One chunk text reached the state (called after each successful append)."""
