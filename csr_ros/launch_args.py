@@ -4,15 +4,21 @@ them, and is not on PyPI).
     given_overrides   launch arguments → node parameters, only for arguments that were given,
                       so a params file's value is never replaced by a launch default
     check_params_file a missing or broken params file stops the launch with a clear message
+    check_bag         the replay launch's bag arguments, checked before any process starts
+    choose_player     `player:=auto|rosbag2|csr`: which bag player the replay launch runs
     bag_play_command  `ros2 bag play` with the replay launch's options
+    csr_play_command  `csr-ros replay BAG --play` with the same options (no rosbag2 needed)
+    player_exit_reason why the launch stops when its bag player exits with an error
 
-Pure: no launch, no rclpy.
+Pure: no launch, no rclpy (rosbag2_available only looks for the `ros2 bag` command).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from csr_ros.errors import ConfigError
 
@@ -43,12 +49,13 @@ def given_overrides(arguments: Mapping[str, str],
             continue
         try:
             out[name] = _CONVERT[kind](text)
+        except ConfigError as exc:          # before ValueError: a ConfigError is one too
+            raise ConfigError(f"launch argument {argument}:={text!r}: {exc} "
+                              f"(it sets the parameter {name})") from None
         except ValueError:
             kind_word = {int: "an integer", float: "a number"}.get(kind, kind.__name__)
             raise ConfigError(f"launch argument {argument}:={text!r} must be {kind_word} "
                               f"(it sets the parameter {name})") from None
-        except ConfigError as exc:
-            raise ConfigError(f"launch argument {argument}: {exc}") from None
     return out
 
 
@@ -70,9 +77,29 @@ def bag_play_command(bag: str, *, rate: str = "1.0", topics: str = "", start_off
     """`ros2 bag play` with the options the replay launch offers ('' = not given).
 
     `topics`: space- or comma-separated names. `delay_s`: wait this long before playing, so
-    the nodes are up and subscribed.
+    the nodes are up and subscribed; 0 is no wait (rosbag2 refuses `--delay 0`: it takes only
+    values above 0).
     """
-    cmd = ["ros2", "bag", "play", bag, "--rate", rate]
+    cmd = ["ros2", "bag", "play", bag, "--rate", _rate(rate)]
+    if clock:
+        cmd.append("--clock")
+    names = _split(topics)
+    if names:
+        cmd += ["--topics", *names]
+    if start_offset_s:
+        cmd += ["--start-offset", _number(start_offset_s, "start_offset")]
+    if delay_s and float(_number(delay_s, "delay")) > 0:
+        cmd += ["--delay", delay_s]
+    if loop:
+        cmd.append("--loop")
+    return cmd
+
+
+def csr_play_command(bag: str, *, rate: str = "1.0", topics: str = "", start_offset_s: str = "",
+                     delay_s: str = "", loop: bool = False, clock: bool = True) -> list[str]:
+    """`csr-ros replay BAG --play` (rclpy, no rosbag2) with the same options as
+    bag_play_command."""
+    cmd = ["csr-ros", "replay", bag, "--play", "--rate", _rate(rate)]
     if clock:
         cmd.append("--clock")
     names = _split(topics)
@@ -87,8 +114,72 @@ def bag_play_command(bag: str, *, rate: str = "1.0", topics: str = "", start_off
     return cmd
 
 
+PLAYERS = ("auto", "rosbag2", "csr")
+
+
+def rosbag2_available() -> bool:
+    """True when `ros2 bag` exists here: the ros2 command and its bag verb (package ros2bag).
+    The PyPI wheels have neither; a ROS 2 install with launch but without rosbag2 has only the
+    first, and `ros2 bag` then fails with "invalid choice: 'bag'"."""
+    return shutil.which("ros2") is not None and importlib.util.find_spec("ros2bag") is not None
+
+
+def choose_player(requested: str, *, rosbag2: bool) -> str:
+    """'rosbag2' or 'csr' for `player:=`: auto takes rosbag2 where `ros2 bag` exists, else the
+    rclpy player of `csr-ros replay --play`. Asking for rosbag2 where it is missing is an error
+    before anything starts, not a launch whose nodes wait for a bag that never plays."""
+    if requested not in PLAYERS:
+        raise ConfigError(f"launch argument player:={requested!r} must be one of "
+                          f"{', '.join(PLAYERS)}")
+    if requested == "auto":
+        return "rosbag2" if rosbag2 else "csr"
+    if requested == "rosbag2" and not rosbag2:
+        raise ConfigError("player:=rosbag2, but `ros2 bag` is not installed here (no rosbag2, "
+                          "as with the PyPI wheels); use player:=csr (`csr-ros replay --play`) "
+                          "or install ros-$ROS_DISTRO-rosbag2")
+    return requested
+
+
+def check_bag(arguments: Mapping[str, str], *, rosbag2: bool) -> list[str]:
+    """Every bag argument of the replay launch checked, and the player's command line; a
+    ConfigError names the first bad one. Called before any node starts, so a bad argument
+    leaves no node running. `rosbag2`: whether `ros2 bag` exists here (rosbag2_available)."""
+    bag = arguments.get("bag", "")
+    if not bag:
+        raise ConfigError("bag is empty; pass bag:=/path/to/rosbag2_directory")
+    if not Path(bag).exists():
+        raise ConfigError(f"bag:={bag} does not exist")
+    player = choose_player(arguments.get("player", "auto") or "auto", rosbag2=rosbag2)
+    build = bag_play_command if player == "rosbag2" else csr_play_command
+    return build(bag, rate=arguments.get("rate", "1.0") or "1.0",
+                 topics=arguments.get("topics", ""),
+                 start_offset_s=arguments.get("start_offset", ""),
+                 delay_s=arguments.get("delay", ""),
+                 loop=_as_bool(arguments.get("loop", "false") or "false"))
+
+
+def player_exit_reason(returncode: int | None, output_lines: Sequence[str]) -> str | None:
+    """Why the replay launch stops when its bag player exits (None: it finished, exit 0; the
+    nodes stay up). The reason carries the player's last lines, its error."""
+    if returncode == 0:
+        return None
+    said = " | ".join(line.strip() for line in output_lines if line.strip())
+    return (f"the bag player exited with code {returncode}"
+            + (f": {said}" if said else " (it printed nothing)"))
+
+
 def _split(text: str) -> list[str]:
     return [t for t in text.replace(",", " ").split() if t]
+
+
+def _rate(text: str) -> str:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"launch argument rate:={text!r} must be a number") from None
+    if not value > 0:
+        raise ConfigError(f"launch argument rate:={text!r} must be > 0")
+    return text
 
 
 def _number(text: str, what: str) -> str:

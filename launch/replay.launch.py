@@ -1,50 +1,92 @@
-"""Replay a recorded bag into the nodes: `ros2 bag play` publishes the robot's topics, the
+"""Replay a recorded bag into the nodes: a bag player publishes the robot's topics, the
 aggregator renders them, and the policy decides as if on the robot.
 
     ros2 launch csr_ros replay.launch.py bag:=/data/run1 rate:=2.0
     ros2 launch csr_ros replay.launch.py bag:=/data/run1 mode:=all threads:=2   # local models
     ros2 launch csr_ros replay.launch.py bag:=/data/run1 topics:="/odom /speech/text" \
         start_offset:=120 delay:=10
+    ros2 launch csr_ros replay.launch.py bag:=/data/run1 player:=csr   # no rosbag2 needed
 
 mode:=robot (default) runs robot.launch.py (servers elsewhere), mode:=all runs all.launch.py.
-Sim time follows the bag's clock (--clock), so stamps and rate limits match the recording.
-`delay` waits before playing so the nodes are up (a local model takes a while to load).
-Without a ROS install's `ros2 bag`, `csr-ros replay BAG --play` publishes a bag the same way.
+player:=rosbag2 plays with `ros2 bag play`, player:=csr with `csr-ros replay BAG --play`
+(rclpy, for machines without rosbag2 such as the PyPI wheels); player:=auto (default) takes
+rosbag2 where `ros2 bag` exists. Sim time follows the bag's clock (--clock), so stamps and rate
+limits match the recording. `delay` waits before playing so the nodes are up (a local model
+takes a while to load).
+
+Every bag argument is checked before any node starts: a bad one stops the launch and leaves no
+node behind. A player that exits with an error stops the whole launch, and its last lines are
+the reason; a player that finishes leaves the nodes running.
 """
 
+from collections import deque
+
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, ExecuteProcess, IncludeLaunchDescription, \
-    OpaqueFunction
-from launch.conditions import IfCondition
+from launch.actions import (DeclareLaunchArgument, ExecuteProcess, IncludeLaunchDescription,
+                            OpaqueFunction, RegisterEventHandler)
+from launch.event_handlers import OnProcessExit, OnProcessIO
 from launch.launch_description_sources import PythonLaunchDescriptionSource
-from launch.substitutions import LaunchConfiguration, PathJoinSubstitution, PythonExpression
+from launch.substitutions import PathJoinSubstitution
 from launch_ros.substitutions import FindPackageShare
 
-from csr_ros.launch_args import bag_play_command
+from csr_ros.errors import CsrError
+from csr_ros.launch_args import check_bag, check_params_file, player_exit_reason, \
+    rosbag2_available
 
 
-def bag_play(context):
+class PlayerError(CsrError):
+    """The bag player exited with an error: the launch stops with it."""
+
+
+def replay(context):
+    """Check everything first, then the nodes, the player and what stops the launch."""
     args = context.launch_configurations
-    return [ExecuteProcess(cmd=bag_play_command(
-        args["bag"], rate=args["rate"], topics=args["topics"],
-        start_offset_s=args["start_offset"], delay_s=args["delay"],
-        loop=args["loop"].lower() == "true"), name="bag_play", output="screen")]
+    check_params_file(args["params_file"])
+    play_cmd = check_bag(args, rosbag2=rosbag2_available())
+    share = FindPackageShare("csr_ros").perform(context)
+    forwarded = {"params_file": args["params_file"], "model": args["model"],
+                 "use_sim_time": "true"}
+    if args["mode"] == "all":
+        forwarded["threads"] = args["threads"]
+    nodes = IncludeLaunchDescription(
+        PythonLaunchDescriptionSource(f"{share}/launch/{args['mode']}.launch.py"),
+        launch_arguments=forwarded.items())
+    player = ExecuteProcess(cmd=play_cmd, name="bag_player", output="screen")
+    last_lines: deque[str] = deque(maxlen=3)
+
+    def heard(event):
+        last_lines.extend(event.text.decode(errors="replace").splitlines())
+
+    def exited(event, launch_context):
+        if launch_context.is_shutdown:     # stopped with the rest (Ctrl-C): not its error
+            return None
+        reason = player_exit_reason(event.returncode, list(last_lines))
+        if reason is not None:
+            raise PlayerError(reason)      # launch logs it, stops every node, exits 1
+        return None
+
+    return [nodes, player,
+            RegisterEventHandler(OnProcessIO(target_action=player, on_stdout=heard,
+                                             on_stderr=heard)),
+            RegisterEventHandler(OnProcessExit(target_action=player, on_exit=exited))]
 
 
 def generate_launch_description():
     share = FindPackageShare("csr_ros")
-    mode = LaunchConfiguration("mode")
-    forwarded = {"params_file": LaunchConfiguration("params_file"),
-                 "model": LaunchConfiguration("model"), "use_sim_time": "true"}
     return LaunchDescription([
         DeclareLaunchArgument("bag", description="rosbag2 directory (or file) to play"),
+        DeclareLaunchArgument("player", default_value="auto",
+                              choices=["auto", "rosbag2", "csr"],
+                              description="rosbag2: `ros2 bag play`; csr: `csr-ros replay "
+                                          "--play` (rclpy); auto: rosbag2 where it exists"),
         DeclareLaunchArgument("rate", default_value="1.0", description="playback rate"),
         DeclareLaunchArgument("topics", default_value="",
                               description="play only these topics (space-separated; '' = all)"),
         DeclareLaunchArgument("start_offset", default_value="",
                               description="start this many seconds into the bag"),
         DeclareLaunchArgument("delay", default_value="",
-                              description="seconds to wait before playing (nodes starting)"),
+                              description="seconds to wait before playing (nodes starting; "
+                                          "0 or '' = none)"),
         DeclareLaunchArgument("loop", default_value="false", description="play in a loop"),
         DeclareLaunchArgument("mode", default_value="robot", choices=["robot", "all"],
                               description="robot: aggregator+policy; all: everything locally"),
@@ -57,14 +99,5 @@ def generate_launch_description():
         DeclareLaunchArgument("threads", default_value="",
                               description="mode:=all: CPU threads per local engine "
                                           "('' = the params file's)"),
-        IncludeLaunchDescription(
-            PythonLaunchDescriptionSource(PathJoinSubstitution([share, "launch",
-                                                                "robot.launch.py"])),
-            launch_arguments=forwarded.items(),
-            condition=IfCondition(PythonExpression(["'", mode, "' == 'robot'"]))),
-        IncludeLaunchDescription(
-            PythonLaunchDescriptionSource(PathJoinSubstitution([share, "launch", "all.launch.py"])),
-            launch_arguments={**forwarded, "threads": LaunchConfiguration("threads")}.items(),
-            condition=IfCondition(PythonExpression(["'", mode, "' == 'all'"]))),
-        OpaqueFunction(function=bag_play),
+        OpaqueFunction(function=replay),
     ])

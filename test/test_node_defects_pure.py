@@ -14,7 +14,7 @@ from csr_ros.chunklog import ChunkLog, StreamRecord, last_stream, read_log, rebu
 from csr_ros.chunks import ChunkPolicy
 from csr_ros.errors import ConfigError
 from csr_ros.eviction import make_policy
-from csr_ros.launch_args import bag_play_command, check_params_file, given_overrides
+from csr_ros.launch_args import bag_play_command, check_bag, check_params_file, given_overrides
 from csr_ros.policy_core import (ChunkEvent, QueryScheduler, QueryStats, StateFold,
                                  SwapEvent, diagnose)
 from csr_ros.reconcile.machine import (ChunkArrived, Load, Notice, OpFinished, ReconcileConfig,
@@ -429,3 +429,105 @@ def test_the_bag_player_scales_bag_time_by_the_rate_after_the_start_offset():
     assert list(schedule(times, rate=1.0, start_offset_s=1.5)) == [(2, 0.5), (3, 2.5)]
     with pytest.raises(ConfigError, match="--rate must be > 0"):
         list(schedule(times, rate=0.0))
+
+
+# -- launch files and players, as run on launch/launch_ros/ros2cli (jazzy) ----------------------
+
+def test_a_bad_bag_argument_is_refused_before_anything_is_launched(tmp_path):
+    """Every bag argument is checked by check_bag, which the replay launch calls before it
+    describes any node (the rclpy half: test/test_launch_files.py)."""
+    bag = tmp_path / "bag"
+    bag.mkdir()
+    good = {"bag": str(bag), "rate": "1.0", "topics": "", "start_offset": "", "delay": "",
+            "loop": "false", "player": "csr"}
+    assert check_bag(good, rosbag2=False)[:4] == ["csr-ros", "replay", str(bag), "--play"]
+    for name, value, says in [("delay", "soon", r"delay:='soon' must be a number"),
+                              ("start_offset", "-3", r"start_offset:='-3' must be >= 0"),
+                              ("rate", "0", r"rate:='0' must be > 0"),
+                              ("loop", "often", r"'often' is not a boolean"),
+                              ("bag", str(tmp_path / "none"), r"bag:=.*none does not exist")]:
+        with pytest.raises(ConfigError, match=says):
+            check_bag({**good, name: value}, rosbag2=False)
+
+
+def test_the_replay_launch_describes_its_nodes_only_after_checking_the_bag_arguments():
+    """No node, include or process at the top level of replay.launch.py: they come from the
+    OpaqueFunction that calls check_bag first, so a bad argument starts nothing."""
+    tree = ast.parse((ROOT / "launch" / "replay.launch.py").read_text())
+    generate = next(n for n in tree.body if isinstance(n, ast.FunctionDef)
+                    and n.name == "generate_launch_description")
+    top = {getattr(c.func, "id", "") for c in ast.walk(generate) if isinstance(c, ast.Call)}
+    assert not top & {"IncludeLaunchDescription", "Node", "ExecuteProcess"}, top
+    replay = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "replay")
+    calls = [c for c in ast.walk(replay) if isinstance(c, ast.Call)]
+    first_check = min(c.lineno for c in calls if getattr(c.func, "id", "") == "check_bag")
+    starts = [c.lineno for c in calls if getattr(c.func, "id", "") in
+              ("IncludeLaunchDescription", "ExecuteProcess")]
+    assert starts and first_check < min(starts)
+
+
+def test_delay_zero_plays_at_once_instead_of_a_delay_rosbag2_refuses():
+    """rosbag2's --delay takes only values above 0 (ros2bag's play verb, jazzy)."""
+    assert "--delay" not in bag_play_command("/b", delay_s="0")
+    assert "--delay" not in bag_play_command("/b", delay_s="0.0")
+    assert bag_play_command("/b", delay_s="2.5")[-2:] == ["--delay", "2.5"]
+    with pytest.raises(ConfigError, match=r"delay:='-1' must be >= 0"):
+        bag_play_command("/b", delay_s="-1")
+
+
+def test_player_auto_plays_with_csr_ros_where_ros2_bag_is_missing():
+    from csr_ros.launch_args import choose_player
+
+    assert choose_player("auto", rosbag2=False) == "csr"
+    assert choose_player("auto", rosbag2=True) == "rosbag2"
+    assert choose_player("csr", rosbag2=True) == "csr"
+    with pytest.raises(ConfigError, match=r"player:=rosbag2, but `ros2 bag` is not installed.*"
+                                          r"player:=csr"):
+        choose_player("rosbag2", rosbag2=False)
+    with pytest.raises(ConfigError, match=r"player:='vlc' must be one of auto, rosbag2, csr"):
+        choose_player("vlc", rosbag2=True)
+
+
+def test_the_csr_player_gets_the_options_rosbag2_gets():
+    from csr_ros.launch_args import csr_play_command
+
+    cmd = csr_play_command("/bags/patrol", rate="2.0", topics="/odom /speech/text",
+                           start_offset_s="120", delay_s="0", loop=True)
+    assert cmd == ["csr-ros", "replay", "/bags/patrol", "--play", "--rate", "2.0", "--clock",
+                   "--topics", "/odom", "/speech/text", "--start-offset", "120", "--delay", "0",
+                   "--loop"]
+    import argparse
+
+    from csr_ros.tools.replay import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)                 # what `csr-ros replay` parses
+    args = parser.parse_args(cmd[2:])
+    assert (args.play, args.rate, args.clock, args.topics, args.start_offset, args.delay,
+            args.loop) == (True, 2.0, True, ["/odom", "/speech/text"], 120.0, 0.0, True)
+
+
+def test_a_player_that_fails_stops_the_launch_with_its_last_lines():
+    from csr_ros.launch_args import player_exit_reason
+
+    assert player_exit_reason(0, ["published 12 messages in 3.0 s"]) is None
+    reason = player_exit_reason(2, ["", "csr-ros replay: error: bag /b does not exist"])
+    assert reason == ("the bag player exited with code 2: csr-ros replay: error: bag /b does "
+                      "not exist")
+    assert player_exit_reason(-9, []) == "the bag player exited with code -9 (it printed nothing)"
+
+
+def test_a_launch_argument_that_is_not_a_boolean_says_write_true_or_false():
+    table = {"use_sim_time": ("use_sim_time", bool)}
+    with pytest.raises(ConfigError, match=r"use_sim_time:='maybe'.*write true or false") as info:
+        given_overrides({"use_sim_time": "maybe"}, table)
+    assert "must be bool" not in str(info.value)
+
+
+def test_the_csr_player_refuses_a_missing_bag_before_starting_ros(tmp_path):
+    from csr_ros.nodes.player import PlayOptions, play
+
+    with pytest.raises(ConfigError, match=r"bag .*nothing does not exist"):
+        play([tmp_path / "nothing"], PlayOptions())
+    with pytest.raises(ConfigError, match=r"--delay must be >= 0 seconds, got -1"):
+        play([tmp_path], PlayOptions(delay_s=-1.0))

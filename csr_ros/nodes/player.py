@@ -26,6 +26,7 @@ class PlayOptions:
     delay_s: float = 0.0
     clock: bool = False
     topics: tuple[str, ...] = ()
+    loop: bool = False            # from the start again after the end, until stopped
 
 
 def schedule(times_ns: Iterable[int], *, rate: float, start_offset_s: float = 0.0,
@@ -52,11 +53,21 @@ def _message_class(type_name: str):
 
 
 def play(paths: list[Path], options: PlayOptions, *, log=print) -> dict:
-    """Publish the bag; returns {'published': n, 'skipped_topics': {topic: type}, 'wall_s'}."""
+    """Publish the bag; returns {'published': n, 'skipped_topics': {topic: type}, 'wall_s'}.
+
+    A bag that does not exist or cannot be read is a ConfigError before rclpy starts."""
+    missing = [str(p) for p in paths if not Path(p).exists()]
+    if missing:
+        raise ConfigError(f"bag {', '.join(missing)} does not exist")
+    for what, value_s in (("--delay", options.delay_s), ("--start-offset", options.start_offset_s)):
+        if value_s < 0:
+            raise ConfigError(f"{what} must be >= 0 seconds, got {value_s:g}")
     import rclpy
     from rclpy.node import Node
     from rclpy.qos import QoSProfile, ReliabilityPolicy
-    from rosbags.highlevel import AnyReader
+    from rosbags.highlevel import AnyReader, AnyReaderError
+    from rosbags.rosbag1 import ReaderError as Bag1Error
+    from rosbags.rosbag2 import ReaderError as Bag2Error
     from rosbags.typesys import Stores, get_typestore
 
     rclpy.init()
@@ -89,23 +100,29 @@ def play(paths: list[Path], options: PlayOptions, *, log=print) -> dict:
             messages = list(reader.messages(connections=wanted))
             log(f"playing {len(messages)} messages on {len(publishers)} topics at rate "
                 f"{options.rate:g}" + (f" after {options.delay_s:g} s" if options.delay_s else ""))
-            time.sleep(options.delay_s)
-            t0 = time.monotonic()
-            for i, at_s in schedule([t for _, t, _ in messages], rate=options.rate,
-                                    start_offset_s=options.start_offset_s):
-                connection, t_ns, raw = messages[i]
-                wait_s = t0 + at_s - time.monotonic()
-                if wait_s > 0:
-                    time.sleep(wait_s)
-                if clock_pub is not None:
-                    msg = clock_pub.msg_type()
-                    msg.clock.sec, msg.clock.nanosec = divmod(int(t_ns), 1_000_000_000)
-                    clock_pub.publish(msg)
-                publishers[connection.topic].publish(bytes(raw))
-                published += 1
+            while True:
+                time.sleep(options.delay_s)
+                t0 = time.monotonic()
+                for i, at_s in schedule([t for _, t, _ in messages], rate=options.rate,
+                                        start_offset_s=options.start_offset_s):
+                    connection, t_ns, raw = messages[i]
+                    wait_s = t0 + at_s - time.monotonic()
+                    if wait_s > 0:
+                        time.sleep(wait_s)
+                    if clock_pub is not None:
+                        msg = clock_pub.msg_type()
+                        msg.clock.sec, msg.clock.nanosec = divmod(int(t_ns), 1_000_000_000)
+                        clock_pub.publish(msg)
+                    publishers[connection.topic].publish(bytes(raw))
+                    published += 1
+                if not options.loop or not messages:
+                    break
+                log(f"{published} messages published; from the start again (--loop)")
             time.sleep(0.5)                 # let the last messages leave
     except KeyboardInterrupt:
         log("stopped")
+    except (AnyReaderError, Bag1Error, Bag2Error, OSError) as exc:   # not a readable bag
+        raise ConfigError(f"cannot read the bag {', '.join(map(str, paths))}: {exc}") from None
     finally:
         node.destroy_node()
         rclpy.try_shutdown()
@@ -132,12 +149,15 @@ def add_play_arguments(parser) -> None:
                         help="wait this many seconds before playing (with --play)")
     parser.add_argument("--clock", action="store_true",
                         help="also publish /clock from the bag times (with --play)")
+    parser.add_argument("--loop", action="store_true",
+                        help="play from the start again after the end, until stopped "
+                             "(with --play)")
 
 
 def run_play(args) -> int:
     result = play(list(args.bag), PlayOptions(
         rate=args.rate, start_offset_s=args.start_offset, delay_s=args.delay, clock=args.clock,
-        topics=tuple(getattr(args, "topics", None) or ())),
+        topics=tuple(getattr(args, "topics", None) or ()), loop=args.loop),
         log=lambda line: print(line, file=sys.stderr))
     print(f"published {result['published']} messages in {result['wall_s']:.1f} s")
     return 0

@@ -1,0 +1,236 @@
+"""The launch files under `ros2 launch`, as an integrator runs them: launch, launch_ros and
+ros2launch (jazzy) over the ROS 2 wheels, csr_ros from a colcon install (docs/ros.md, "Launch
+files on the wheels", gives the steps). Those packages are not on PyPI, so these tests skip
+with the reason where they are missing; the launch files' logic is tested without them in
+test/test_node_defects_pure.py.
+
+Each launch runs in its own session, and Ctrl-C is SIGINT to the whole process group, as a
+terminal sends it; "no node left" means no process of that group is alive.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def launch_missing() -> str | None:
+    for module in ("launch", "launch_ros", "ros2launch", "rclpy"):
+        if importlib.util.find_spec(module) is None:
+            return (f"{module} is not importable: these tests need launch, launch_ros and "
+                    "ros2launch (not on PyPI) and csr_ros built with colcon, sourced as "
+                    "docs/ros.md 'Launch files on the wheels' says")
+    if shutil.which("ros2") is None:
+        return "no `ros2` command: source the workspace of docs/ros.md 'Launch files on the wheels'"
+    from ament_index_python.packages import PackageNotFoundError, get_package_share_directory
+
+    try:
+        get_package_share_directory("csr_ros")
+    except PackageNotFoundError:
+        return "csr_ros is not in AMENT_PREFIX_PATH: colcon build it and source install/setup.bash"
+    return None
+
+
+pytestmark = [pytest.mark.launch, pytest.mark.slow,
+              pytest.mark.skipif(launch_missing() is not None, reason=str(launch_missing()))]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed_launch_files_are_this_checkouts():
+    """The launch files ros2 launch runs are the installed copies: they must be these."""
+    from ament_index_python.packages import get_package_share_directory
+
+    share = Path(get_package_share_directory("csr_ros")) / "launch"
+    for path in sorted((ROOT / "launch").glob("*.launch.py")):
+        installed = share / path.name
+        assert installed.is_file() and installed.read_text() == path.read_text(), (
+            f"{installed} is not this checkout's {path.name}: run colcon build again")
+
+
+class Launch:
+    """`ros2 launch csr_ros FILE ARGS...` in its own session, output in a log file."""
+
+    def __init__(self, launch_file: str, *arguments: str, log: Path):
+        self.log_path = log
+        self._log = open(log, "w", encoding="utf-8")
+        self.proc = subprocess.Popen(["ros2", "launch", "csr_ros", launch_file, *arguments],
+                                     stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.group = self.proc.pid
+
+    @property
+    def output(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_output(self, text: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if text in self.output:
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"ros2 launch exited with {self.proc.returncode} before "
+                                     f"printing {text!r}:\n{self.output}")
+            time.sleep(0.2)
+        raise AssertionError(f"no {text!r} within {timeout_s} s:\n{self.output}")
+
+    def wait_exit(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"ros2 launch still ran after {timeout_s} s:\n"
+                                 f"{self.output}") from None
+
+    def interrupt(self, timeout_s: float = 60.0) -> int:
+        """Ctrl-C: SIGINT to every process of the launch."""
+        os.killpg(self.group, signal.SIGINT)
+        return self.wait_exit(timeout_s)
+
+    def left_running(self, timeout_s: float = 15.0) -> bool:
+        """True when a process of the launch is still alive `timeout_s` after it exited."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.group, 0)
+            except ProcessLookupError:
+                return False
+            time.sleep(0.2)
+        return True
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def launched(tmp_path):
+    runs: list[Launch] = []
+
+    def start(launch_file: str, *arguments: str) -> Launch:
+        run = Launch(launch_file, *arguments,
+                     log=tmp_path / f"{launch_file}.{len(runs)}.log")
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.close()
+
+
+@pytest.fixture(scope="module")
+def patrol_bag(tmp_path_factory) -> Path:
+    bag = tmp_path_factory.mktemp("bags") / "patrol"
+    subprocess.run([shutil.which("csr-ros") or "csr-ros", "patrol", str(bag), "--duration-s",
+                    "20"], check=True, capture_output=True, timeout=120)
+    return bag
+
+
+def local_params(tmp_path: Path) -> Path:
+    """The package's params file with one engine thread and a short prompt budget."""
+    nodes = yaml.safe_load((ROOT / "config" / "csr_ros.yaml").read_text())
+    for name in ("policy", "reconciler"):
+        section = nodes[f"/**/{name}"]["ros__parameters"]
+        section["context_tokens"] = 4096
+        section.setdefault("resource", {})["threads"] = 1
+    nodes["/**/reconciler"]["ros__parameters"]["tau_mem_tokens"] = 3000
+    nodes["/**/policy"]["ros__parameters"]["max_new_tokens"] = 8
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(json.loads(json.dumps(nodes))))
+    return path
+
+
+# -- defect: a bad bag argument left the nodes it had started running ----------------------------
+
+@pytest.mark.parametrize("argument", ["delay:=soon", "start_offset:=-3", "delay:=-1"])
+def test_a_bad_bag_argument_stops_replay_launch_before_any_node_starts(launched, patrol_bag,
+                                                                       argument):
+    run = launched("replay.launch.py", f"bag:={patrol_bag}", argument)
+    assert run.wait_exit(timeout_s=60.0) == 1, run.output
+    name, value = argument.split(":=")
+    assert f"{name}:={value!r}" in run.output, run.output
+    assert "process started" not in run.output, run.output
+    assert not run.left_running(), f"processes left running:\n{run.output}"
+
+
+# -- defect: without rosbag2, the replay launch played nothing and said nothing ----------------
+
+def test_replay_launch_plays_a_bag_with_the_csr_player_where_rosbag2_is_missing(
+        launched, patrol_bag, tmp_path):
+    """player:=auto on the wheels (no `ros2 bag`) plays with `csr-ros replay --play`: chunks
+    reach csr/chunks; the player finishing leaves the nodes up; Ctrl-C stops everything."""
+    if importlib.util.find_spec("ros2bag") is not None:
+        pytest.skip("rosbag2 is installed here: player:=auto takes it")
+    import rclpy
+    from rclpy.node import Node
+
+    from csr_ros.msg import StateChunk
+    from csr_ros.nodes.common import CHUNKS_QOS
+
+    rclpy.init()
+    probe = Node("launch_probe")
+    chunks = []
+    probe.create_subscription(StateChunk, "csr/chunks", chunks.append, CHUNKS_QOS)
+    try:
+        run = launched("replay.launch.py", f"bag:={patrol_bag}", "rate:=2.0", "delay:=3",
+                       f"params_file:={local_params(tmp_path)}")
+        run.wait_output("[bag_player-3]: process has finished cleanly", timeout_s=120.0)
+        deadline = time.monotonic() + 30.0
+        while len(chunks) < 5 and time.monotonic() < deadline:
+            rclpy.spin_once(probe, timeout_sec=0.2)
+        assert len(chunks) >= 5, run.output
+        assert "[bag_player-3] playing " in run.output and " at rate 2 " in run.output
+        assert run.proc.poll() is None, "a player that finished must leave the nodes up"
+        assert run.interrupt() == 0, run.output
+        assert not run.left_running(), run.output
+    finally:
+        probe.destroy_node()
+        rclpy.try_shutdown()
+
+
+def test_a_player_that_dies_stops_the_launch_with_its_error(launched, tmp_path):
+    not_a_bag = tmp_path / "empty"
+    not_a_bag.mkdir()
+    run = launched("replay.launch.py", f"bag:={not_a_bag}", "player:=csr",
+                   f"params_file:={local_params(tmp_path)}")
+    assert run.wait_exit(timeout_s=120.0) == 1, run.output
+    assert "the bag player exited with code 2: csr-ros replay: error: cannot read the bag" in \
+        run.output, run.output
+    assert not run.left_running(), run.output
+
+
+def test_player_rosbag2_where_it_is_missing_is_a_clear_error(launched, patrol_bag):
+    if importlib.util.find_spec("ros2bag") is not None:
+        pytest.skip("rosbag2 is installed here")
+    run = launched("replay.launch.py", f"bag:={patrol_bag}", "player:=rosbag2")
+    assert run.wait_exit(timeout_s=60.0) == 1, run.output
+    assert "`ros2 bag` is not installed here" in run.output, run.output
+    assert "process started" not in run.output
+
+
+# -- defect: Ctrl-C while all_in_one loads its models was escalated to SIGTERM -----------------
+
+def test_ctrl_c_while_all_in_one_loads_its_models_stops_every_node_cleanly(launched, tmp_path):
+    run = launched("all.launch.py", f"params_file:={local_params(tmp_path)}")
+    run.wait_output("loading the model", timeout_s=120.0)
+    assert run.interrupt() == 0, run.output
+    out = run.output
+    assert "started: v" not in out, "the interrupt should have come during the model load"
+    assert "SIGTERM" not in out and "exit code -15" not in out, out
+    assert out.count("process has finished cleanly") == 2, out
+    assert "cannot schedule new futures" not in out and "Traceback" not in out, out
+    assert not run.left_running(), out
