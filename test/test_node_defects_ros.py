@@ -4,6 +4,7 @@ test/test_node_defects_pure.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 rclpy = pytest.importorskip("rclpy", reason="rclpy not available: needs ROS 2 (scripts/setup.sh "
                                             "--ros)")
@@ -27,7 +29,7 @@ from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from rosgraph_msgs.msg import Clock  # noqa: E402
-from ros_graph import Graph  # noqa: E402
+from ros_graph import Graph, NodeProcess  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
 from csr_ros.errors import ConfigError  # noqa: E402
@@ -501,3 +503,90 @@ def test_a_reconciler_joining_after_a_long_history_evicts_at_once_and_reports_ca
     assert float(values["capacity.prefill_tokens_per_s"]) > 0
     assert float(values["capacity.arrival_tokens_per_s"]) > 0
     assert values["capacity.viable"] in ("True", "False")
+
+
+# -- launch files and all_in_one, as run under launch/launch_ros/ros2cli (jazzy) ---------------
+
+def all_in_one_params(tmp_path: Path, **policy) -> Path:
+    local = {"model": "smollm2", "context_tokens": 4096,
+             "resource": {"kind": "local", "threads": 1}}
+    params = tmp_path / "all_in_one.yaml"
+    params.write_text(yaml.safe_dump(json.loads(json.dumps({     # no YAML aliases (rcl)
+        "/**/reconciler": {"ros__parameters": {**local, "tau_mem_tokens": 3000}},
+        "/**/policy": {"ros__parameters": {**local, "rate_hz": 2.0, "max_new_tokens": 4,
+                                           **policy}}}))))
+    return params
+
+
+def test_all_in_one_stopped_while_loading_its_models_exits_0_without_a_shutdown_error(tmp_path):
+    """Ctrl-C while the models load (a timer callback on an executor thread): the process
+    leaves with 0 and does not wait for the load inside interpreter shutdown, where it failed
+    with "cannot schedule new futures after interpreter shutdown"."""
+    node = NodeProcess("all_in_one", "--params-file", str(all_in_one_params(tmp_path)),
+                       log=tmp_path / "all_in_one.log")
+    try:
+        node.wait_output("loading the model")
+        node.proc.send_signal(signal.SIGINT)
+        code = node.wait_exit(timeout_s=60.0)
+    finally:
+        node.kill()
+    out = node.output
+    assert "started: v" not in out, "the signal should have come during the model load"
+    assert code == 0, out
+    assert "cannot schedule new futures" not in out and "Traceback" not in out, out
+
+
+def test_the_policy_of_all_in_one_waits_for_the_model_load_without_failed_queries(tmp_path):
+    node = NodeProcess("all_in_one", "--params-file", str(all_in_one_params(tmp_path)),
+                       log=tmp_path / "all_in_one.log")
+    try:
+        node.wait_output("started: v", timeout_s=240.0)
+        code, _ = node.terminate(timeout_s=30.0)
+    finally:
+        node.kill()
+    out = node.output
+    loading = out.index("loading the model")
+    assert out.index("deciding at") < loading < out.index("started: v")   # ticks while loading
+    assert "has not started" not in out and "query failed" not in out, out
+    assert code == 0, out
+
+
+@pytest.fixture
+def short_context_server(tmp_path):
+    """llama.cpp with --n-ctx 4096 (the README's own command), shorter than the params file's
+    context_tokens 8192."""
+    from llama_server import MODEL_ALIAS, _gguf_or_skip
+
+    from csr_ros.servers import LOOPBACK, ManagedServer, free_port, llamacpp_command
+
+    port = free_port()
+    server = ManagedServer(name=f"llama.cpp:{port}", url=f"http://{LOOPBACK}:{port}",
+                           log_path=tmp_path / "server.log",
+                           command=llamacpp_command(_gguf_or_skip(), port=port, n_ctx=4096,
+                                                    n_threads=1, model_alias=MODEL_ALIAS))
+    server.start(timeout_s=120.0)
+    yield server
+    server.stop()
+
+
+def test_a_context_longer_than_the_servers_names_the_parameter_and_the_policy_warns(
+        tmp_path, short_context_server):
+    url = short_context_server.url
+    remote = {"model": "smollm2", "context_tokens": 8192,
+              "resource": {"kind": "openai", "r1_url": url, "r2_url": url}}
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(json.loads(json.dumps({
+        "/**/reconciler": {"ros__parameters": {**remote, "tau_mem_tokens": 2048}},
+        "/**/policy": {"ros__parameters": {**remote, "rate_hz": 1.0, "max_new_tokens": 4}}}))))
+    reconciler = NodeProcess("reconciler", "--params-file", str(params),
+                             log=tmp_path / "reconciler.log")
+    policy = NodeProcess("policy", "--params-file", str(params), log=tmp_path / "policy.log")
+    try:
+        assert reconciler.wait_exit(timeout_s=120.0) == 2, reconciler.output
+        said = reconciler.output
+        assert "context_tokens 8192 is more than" in said and "has 4096" in said, said
+        assert "max_context_tokens" not in said and "Traceback" not in said, said
+        policy.wait_output("no reconciler publishes csr/swaps", timeout_s=60.0)
+    finally:
+        reconciler.kill()
+        policy.kill()

@@ -332,10 +332,16 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
             rclpy.try_shutdown()
             for sig, old in previous.items():
                 signal.signal(sig, old)
-    if _busy_workers():
+    busy = _busy_workers() + _busy_callbacks(executor, timeout_s=1.0)
+    if busy:
         # A model is still computing on a worker thread (a query or a warm-up that cannot be
-        # interrupted). Tearing the interpreter down under it aborts the process; everything
-        # that must outlive it (chunk logs) was closed above, so leave now.
+        # interrupted) or in a callback (the models loading in the reconciler's start timer).
+        # Tearing the interpreter down under it aborts the process or waits for it, and a
+        # load that goes on past interpreter shutdown fails ("cannot schedule new futures");
+        # everything that must outlive it (chunk logs) was closed above, so leave now.
+        if any(not t.startswith("csr-") for t in busy):
+            print(f"[{name}] stopped while a callback still ran (a model loading); not "
+                  "waiting for it", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -346,6 +352,24 @@ def _busy_workers() -> list[str]:
     """The csr_ros worker threads still running after the nodes were closed."""
     return [t.name for t in threading.enumerate()
             if t is not threading.current_thread() and t.name.startswith("csr-") and t.is_alive()]
+
+
+def _busy_callbacks(executor, *, timeout_s: float) -> list[str]:
+    """The executor's threads still running a callback `timeout_s` after the spin ended.
+
+    rclpy's MultiThreadedExecutor (jazzy) never shuts down its thread pool, and its shutdown()
+    does not wait for running callbacks; interpreter exit would then join them. The pool is
+    shut down here (idle threads end at once) and what is still alive after `timeout_s` is
+    busy."""
+    pool = getattr(executor, "_executor", None)
+    if pool is None:
+        return []
+    pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + timeout_s
+    threads = list(getattr(pool, "_threads", ()))
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in threads if t.is_alive()]
 
 
 def load_tokenizer(params) -> tuple[object, str]:

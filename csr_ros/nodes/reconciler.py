@@ -28,7 +28,7 @@ from rclpy.node import Node
 
 from csr_ros import ros_params
 from csr_ros.chunklog import ChunkLog, last_stream, rebuild_state
-from csr_ros.errors import ChunkError, ResourceError
+from csr_ros.errors import ChunkError, ConfigError, ResourceError
 from csr_ros.eviction import make_policy
 from csr_ros.msg import StateChunk, SwapEvent
 from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
@@ -132,6 +132,8 @@ class ReconcilerNode(Node):
         built = []
         try:
             if p["resource.kind"] == "local":
+                self.get_logger().info(f"loading the model {p['model']} for r1 and r2 (local, "
+                                       "in this process); decisions start when both are loaded")
                 for name in names:
                     built.append(make_resource("local", model=p["model"], name=name,
                                                threads=p["resource.threads"] or None,
@@ -145,11 +147,26 @@ class ReconcilerNode(Node):
                         max_context_tokens=p["context_tokens"],
                         tau_mem_tokens=p["tau_mem_tokens"], read_timeout_s=p["resource.timeout_s"]))
                     self.urls[name] = url
+            self._check_context(built)
         except Exception:
             for resource in built:
                 resource.close()
             raise
         return [TimedResource(r, self.ops, time.monotonic) for r in built]
+
+    def _check_context(self, built: list) -> None:
+        """The context_tokens parameter must fit every resource: name it and the server."""
+        want = self.params["context_tokens"]
+        short = [r for r in built if r.max_context_tokens < want]
+        if not short:
+            return
+        where = ", ".join(f"{r.name} ({self.urls.get(r.name, 'in process')}) has "
+                          f"{r.max_context_tokens}" for r in short)
+        least = min(r.max_context_tokens for r in short)
+        raise ConfigError(f"reconciler: context_tokens {want} is more than the resources' "
+                          f"context: {where} tokens. Set context_tokens to at most {least} "
+                          "(the policy's too), or start the server with a longer context "
+                          "(llama.cpp --n-ctx, vLLM --max-model-len)")
 
     def _start_driver(self) -> None:
         """Under the lock: the driver takes over the state folded so far."""
