@@ -17,7 +17,8 @@ AMA_EPISODE = Path(__file__).parent / "data" / "ama_single_episode.json"
 # -- exact match and F1 -------------------------------------------------------------------------
 
 def test_normalization_drops_case_punctuation_and_articles_and_keeps_option_labels():
-    assert normalize_answer("At step 76: The towel 1 is at loc_8.") == "at step 76 towel 1 is at loc 8"
+    assert normalize_answer("At step 76: The towel 1 is at loc_8.") == \
+        "at step 76 towel 1 is at loc 8"
     assert answer_tokens("(A) a mug, (B) an apple") == ["(a)", "mug", "(b)", "apple"]
     assert normalize_answer("Line one\n  line two") == "line one line two"
     assert exact_match("(A)", "(a)") and not exact_match("(A)", "(B)")

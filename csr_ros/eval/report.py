@@ -88,7 +88,7 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    lines = ["| method | budget | n | accuracy (EM) | 95% CI | F1 | judge | evidence coverage | "
+    lines = ["| method | budget | n | accuracy | 95% CI | F1 | judge | evidence coverage | "
              "TTFT p50 [s] | TTFT p99 [s] | prompt tokens | recomputed tokens | history tokens |",
              "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
