@@ -169,3 +169,31 @@ def test_goals_sent_at_once_take_turns_with_the_periodic_decisions(graph, llama_
         between = [q for q in seen if first < q < second]
         assert between, f"no periodic decision between goal queries {first} and {second}"
         assert all(d.task == PERIODIC_TASK for d in decisions if d.query_id in between)
+
+
+@pytest.mark.slow
+def test_all_in_one_serves_goals_on_its_in_process_engines_and_a_cancel_stops_the_decode(graph):
+    """The local path: all_in_one's policy asks the reconciler's in-process engines; a canceled
+    goal stops between two tokens and the engine answers the next goal."""
+    from csr_ros.nodes.reconciler import ReconcilerNode
+
+    local = [Parameter("resource.kind", Parameter.Type.STRING, "local"),
+             Parameter("resource.threads", Parameter.Type.INTEGER, 1),
+             Parameter("context_tokens", Parameter.Type.INTEGER, 2048)]
+    reconciler = graph.add(ReconcilerNode(context=graph.context, parameter_overrides=local + [
+        Parameter("tau_mem_tokens", Parameter.Type.INTEGER, 1024),
+        Parameter("reserve_tokens", Parameter.Type.INTEGER, 512)]))
+    graph.add(PolicyNode(driver=reconciler, context=graph.context, parameter_overrides=local + [
+        Parameter("rate_hz", Parameter.Type.DOUBLE, 0.2),
+        Parameter("actions.mode", Parameter.Type.STRING, "free")]))
+    client, _ = decide_client(graph)
+    wait_for(lambda: reconciler.driver is not None, timeout_s=300.0, what="the engines to load")
+    long = Goal(client, COUNT, budget=400)
+    assert long.first_token.wait(timeout=120.0), "the goal never started decoding"
+    long.cancel()
+    response = long.result()
+    assert response.status == GoalStatus.STATUS_CANCELED
+    assert max(f.tokens for f in long.feedback) < 400
+    after = Goal(client, "Say hello.", budget=4).result()
+    assert after.status == GoalStatus.STATUS_SUCCEEDED, after.result.message
+    assert after.result.decision.resource == "r1" and after.result.decision.text
