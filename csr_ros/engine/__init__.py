@@ -8,11 +8,14 @@
     engine.restore(capsule)                             # byte-exact, also on hybrid models
     capsule.save("state.capsule")                       # safetensors; engine.load_capsule(path)
     child = engine.fork()                               # shares weights, copies the state
+    gguf = LlamaCppEngine("smollm2", threads=2)         # the GGUF on llama.cpp, same interface
 
 The only part of csr_ros that imports torch at module level.
 """
 
 from csr_ros.engine.capsule import Capsule
 from csr_ros.engine.engine import ExtendResult, Generation, LocalEngine, OptionScores
+from csr_ros.engine.llamacpp import LlamaCppCapsule, LlamaCppEngine
 
-__all__ = ["Capsule", "ExtendResult", "Generation", "LocalEngine", "OptionScores"]
+__all__ = ["Capsule", "ExtendResult", "Generation", "LlamaCppCapsule", "LlamaCppEngine",
+           "LocalEngine", "OptionScores"]

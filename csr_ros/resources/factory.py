@@ -1,6 +1,7 @@
 """Build a resource by kind name, importing its backend only when asked for.
 
     make_resource("local", model="smollm2", threads=1)
+    make_resource("local", model="smollm2", threads=1, backend="llamacpp")   # llama.cpp in process
     make_resource("openai", url="http://127.0.0.1:8001", ...)
 """
 

@@ -1,6 +1,8 @@
-"""`local`: the Resource interface over the in-process engine (torch + transformers).
+"""`local`: the Resource interface over an in-process engine: torch + transformers
+(`LocalEngine`, the default) or llama.cpp (`LlamaCppEngine`, backend="llamacpp").
 
     make_resource("local", model="smollm2", threads=2)
+    make_resource("local", model="smollm2", threads=2, backend="llamacpp")
 
 Token mode only: the committed run is token ids; `text` arguments are accepted and ignored.
 Construction takes plain keyword values only, so a worker process can build one from pickled
@@ -20,18 +22,41 @@ from csr_ros.errors import ConfigError, StateMismatchError
 from csr_ros.resources.base import PrefillResult, QueryResult
 from csr_ros.state import Request
 
+BACKENDS = ("torch", "llamacpp", "auto")
+
 
 class LocalResource:
     def __init__(self, model: str = "smollm2", *, name: str = "local", threads: int | None = None,
                  device: str = "cpu", max_context_tokens: int | None = None,
                  dtype: str | None = None, prefill_chunk_tokens: int = 512,
                  forward: str = "auto", decode_weights: str = "auto",
-                 decode_threads: int | None = None):
+                 decode_threads: int | None = None, backend: str = "torch"):
+        """`backend`: "torch" (LocalEngine: transformers' weights, capsules on every model),
+        "llamacpp" (LlamaCppEngine: the GGUF on llama.cpp's kernels, in process; `dtype`,
+        `forward` and `decode_weights` are the torch engine's and stay at their defaults), or
+        "auto" (`precision.choose_backend(device, dtype)`)."""
         self.name = name
-        self.engine = LocalEngine(model, device=device, dtype=dtype, threads=threads,
-                                  max_context_tokens=max_context_tokens,
-                                  prefill_chunk_tokens=prefill_chunk_tokens, forward=forward,
-                                  decode_weights=decode_weights, decode_threads=decode_threads)
+        if backend == "auto":
+            from csr_ros.engine import precision
+
+            backend = precision.choose_backend(device, dtype)
+        if backend == "llamacpp":
+            _check_llamacpp_options(device=device, dtype=dtype, forward=forward,
+                                    decode_weights=decode_weights)
+            from csr_ros.engine.llamacpp import LlamaCppEngine
+
+            self.engine = LlamaCppEngine(model, threads=threads, decode_threads=decode_threads,
+                                         max_context_tokens=max_context_tokens,
+                                         prefill_chunk_tokens=prefill_chunk_tokens)
+        elif backend == "torch":
+            self.engine = LocalEngine(model, device=device, dtype=dtype, threads=threads,
+                                      max_context_tokens=max_context_tokens,
+                                      prefill_chunk_tokens=prefill_chunk_tokens,
+                                      forward=forward, decode_weights=decode_weights,
+                                      decode_threads=decode_threads)
+        else:
+            raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.backend = backend
         self.max_context_tokens = self.engine.max_context_tokens
         self._lock = threading.Lock()       # one call at a time: the engine is not thread-safe
         self._compiler = None               # llguidance's vocabulary, built on first use
@@ -169,15 +194,32 @@ class LocalResource:
         return self._compiler
 
     def set_threads(self, threads: int) -> None:
-        """torch's compute threads from the next call on (per process)."""
+        """Compute threads from the next call on: torch's (per process), or the llama.cpp
+        engine's own."""
         if int(threads) < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
         with self._lock:
-            torch.set_num_threads(int(threads))
+            engine_threads = getattr(self.engine, "set_threads", None)
+            if engine_threads is not None:
+                engine_threads(int(threads))
+            else:
+                torch.set_num_threads(int(threads))
 
     def close(self) -> None:
         with self._lock:
             self.engine.close()
+
+
+def _check_llamacpp_options(*, device: str, dtype, forward: str, decode_weights: str) -> None:
+    given = {"device": (device, "cpu"), "forward": (forward, "auto"),
+             "decode_weights": (decode_weights, "auto")}
+    bad = [f"{k}={v!r}" for k, (v, default) in given.items() if v != default]
+    if dtype not in (None, "auto"):
+        bad.append(f"dtype={dtype!r}")
+    if bad:
+        msg = (f"{', '.join(bad)} set(s) the torch engine; backend='llamacpp' runs the GGUF's own "
+               "weights on the CPU: leave them at their defaults or use backend='torch'")
+        raise ConfigError(msg)
 
 
 def _mismatch_message(static: tuple[int, ...], committed: tuple[int, ...], name: str) -> str:

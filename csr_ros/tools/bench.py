@@ -58,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of the local engine")
     parser.add_argument("--device", default="cpu", help="local engine device: cpu, cuda, cuda:1")
+    parser.add_argument("--backend", default="torch", choices=("torch", "llamacpp"),
+                        help="local engine: torch (transformers' weights) or llamacpp (the GGUF "
+                             "on llama.cpp in process; --dtype/--forward/--decode-weights are "
+                             "torch's)")
     parser.add_argument("--dtype", default="auto",
                         help="local engine dtype: auto (default: the fastest this machine offers, "
                              "e.g. bfloat16 with int4 decode weights on a CPU with native bf16), "
@@ -279,7 +283,8 @@ def _capsule_timings(name: str, engine, n: int, repeats: int) -> dict:
         engine.restore(kept)
         copy_s.append(time.perf_counter() - t0)
     assert engine.n_committed == n, f"restore left {engine.n_committed} tokens, expected {n}"
-    kv_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in kept.kv)
+    kv_bytes = (kept.nbytes() if getattr(kept, "kv", None) is None      # llama.cpp's bytes
+                else sum(k.numel() * k.element_size() * 2 for k, _ in kept.kv))
     return capsule_row(name, n, snapshot_s, restore_s, copy_s, kv_bytes)
 
 
@@ -354,20 +359,27 @@ def _make(kind: str, args: argparse.Namespace):
     from csr_ros.resources.factory import make_resource
 
     if kind == "local":
-        return make_resource("local", model=args.model, name="local", threads=args.threads,
-                             device=args.device, dtype=args.dtype, forward=args.forward,
-                             decode_weights=args.decode_weights,
-                             decode_threads=args.decode_threads)
+        options = dict(model=args.model, name="local", threads=args.threads,
+                       device=args.device, dtype=args.dtype, forward=args.forward,
+                       decode_weights=args.decode_weights, decode_threads=args.decode_threads)
+        return make_resource("local", **{**options, **_backend_options(args)})
     if kind == "openai":
         return make_resource("openai", url=args.url, name="openai",
                              model_dir=resolve_model_dir(args.model, weights=False))
     return make_resource(kind)      # raises ConfigError naming the known kinds
 
 
+def _backend_options(args: argparse.Namespace) -> dict:
+    """The llama.cpp backend takes no torch settings (its dtype is the GGUF's)."""
+    if getattr(args, "backend", "torch") != "llamacpp":
+        return {}
+    return {"backend": "llamacpp", "dtype": None, "forward": "auto", "decode_weights": "auto"}
+
+
 def _meta(args, kinds, ns, ms, seconds: float) -> dict:
     meta = {"resources": kinds, "model": args.model, "n": ns, "m": ms, "repeats": args.repeats,
             "max_new_tokens": args.max_new_tokens, "threads": args.threads, "device": args.device,
-            "dtype": args.dtype, "url": args.url,
+            "dtype": args.dtype, "backend": getattr(args, "backend", "torch"), "url": args.url,
             "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "platform": platform.platform(), "python": platform.python_version(),
             "cpu_count": os.cpu_count(), "wall_s": seconds,

@@ -1,0 +1,834 @@
+"""LlamaCppEngine: the local engine's interface over llama.cpp, in process.
+
+llama-cpp-python's low-level API (the `llama_cpp` module: llama.h through ctypes) runs the
+GGUF's own quantized weights on llama.cpp's CPU kernels (AVX2, NEON), which decode several times
+faster than float32 torch on CPUs without native bf16. The token ids come from the project's
+tokenizer, as for the torch engine; at load the GGUF's vocabulary is checked to agree with it.
+
+CSR with sequence-level cache operations, in one unified KV cache (cells carry sequence ids):
+
+    sequence 0                committed static prefix, positions [0, n)
+    query                     dynamic tokens and sampled ones decoded in sequence 0 at [n, ...),
+                              then `seq_rm(0, n, -1)`: an O(1) rollback, nothing copied
+    capsule slots 1..C        `seq_cp(0, slot)`: the slot shares sequence 0's cells (no K/V
+                              copied); restore is `seq_rm(0)` + `seq_cp(slot, 0)`
+    option sequences          closed choice: the prefix shared with one sequence per option
+                              (`seq_cp`), the dynamic part and the options' token trie decoded
+                              in one batch, each trie node a member of every option through it
+
+The hot path, top to bottom:
+
+    query → [commit: _decode(static tail, seq 0)] → _decode(dynamic) → sample → TTFT
+          → loop: _decode(one token) → sample → stop?
+          → seq_rm back to the committed length
+
+A capsule leaving the engine (`materialize`, `save`, pickling) holds the slot's bytes from
+`llama_state_seq_get_data`; restoring those is `llama_state_seq_set_data`. Recurrent and hybrid
+models are refused: their state cannot be cut back to a position by `seq_rm`; the torch engine
+(`LocalEngine`) runs them, capsules included.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from csr_ros.engine.capsule import FORMAT as TORCH_CAPSULE_FORMAT
+from csr_ros.engine.capsule import mismatch_message
+from csr_ros.engine.engine import ExtendResult, Generation, OptionScores, _eos_ids, _trie
+from csr_ros.errors import (CapsuleError, CapsuleMismatchError, ConfigError, ContextOverflowError,
+                            ResourceError, StaleCapsuleError)
+
+log = logging.getLogger(__name__)
+
+CAPSULE_FORMAT = "csr_ros.llamacpp_capsule/1"
+DEFAULT_PREFILL_CHUNK_TOKENS = 512
+DEFAULT_CAPSULE_SLOTS = 4
+OPTION_SEQUENCES = 32           # options scored per batch; more options take more batches
+_COMMITTED = 0                  # the sequence id of the committed prefix
+_TOKENIZER_SAMPLE = ("The robot is in the kitchen at t=12.5s; it sees a red_mug (0.93) at "
+                     "1.2 m.\n  Battery: 87%, état: OK — 日本語, emoji 🙂, code `go_to(room)`.")
+
+_backend_lock = threading.Lock()
+_log_callback = None            # kept alive here: llama.cpp holds a pointer to it
+
+
+def _llama():
+    """The `llama_cpp` module, its backend initialised once and its logging sent to ours."""
+    global _log_callback
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ConfigError("backend='llamacpp' needs llama-cpp-python: bash scripts/setup.sh "
+                          "--server (or pip install llama-cpp-python==0.3.36)") from None
+    with _backend_lock:
+        if _log_callback is None:
+            llama_cpp.llama_backend_init()
+            _log_callback = llama_cpp.llama_log_callback(_log_errors)
+            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    return llama_cpp
+
+
+def _log_errors(level: int, text: bytes, user_data) -> None:
+    message = text.decode("utf-8", "replace").rstrip()
+    # n_ctx_seq > n_ctx_train: the cell pool is larger than the training context on purpose
+    # (capsule slots); positions never pass max_context_tokens.
+    if level == 3 and "n_ctx_seq" not in message:    # GGML_LOG_LEVEL_ERROR
+        log.error("llama.cpp: %s", message)
+
+
+class _Model:
+    """A loaded GGUF, shared by an engine and its forks; freed with the last of them."""
+
+    def __init__(self, path: Path):
+        self.lib = _llama()
+        params = self.lib.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self.ptr = self.lib.llama_model_load_from_file(str(path).encode(), params)
+        if not self.ptr:
+            raise ConfigError(f"llama.cpp cannot load {path}: not a GGUF it reads")
+        self.path = path
+        self.vocab = self.lib.llama_model_get_vocab(self.ptr)
+        self.n_vocab = int(self.lib.llama_vocab_n_tokens(self.vocab))
+
+    def __del__(self):
+        ptr, self.ptr = getattr(self, "ptr", None), None
+        if ptr:
+            self.lib.llama_model_free(ptr)
+
+
+@dataclass(frozen=True, eq=False)
+class LlamaCppCapsule:
+    """The complete state of a LlamaCppEngine at a committed boundary.
+
+    Attached (taken by `snapshot`): the engine's capsule slot shares the committed cells, so it
+    costs no copy; it goes stale when the slot is recycled (more live capsules than slots).
+    Materialized: `data` holds the sequence's bytes (`llama_state_seq_get_data`), independent of
+    any engine of the same model and context settings.
+    """
+
+    fingerprint: str
+    n_tokens: int
+    token_ids: tuple[int, ...]
+    dtype: str                                  # the engine's `precision`
+    last_logits: np.ndarray | None              # [V] float32; None at n_tokens == 0
+    data: bytes | None = None                   # materialized sequence state
+    _owner: weakref.ref | None = field(default=None, repr=False)
+    _slot: int = -1
+    _generation: int = -1
+
+    @property
+    def is_materialized(self) -> bool:
+        return self.data is not None
+
+    def owner(self) -> "LlamaCppEngine | None":
+        return None if self._owner is None else self._owner()
+
+    def nbytes(self) -> int:
+        """Bytes this capsule holds itself (an attached slot counts as zero)."""
+        logits = 0 if self.last_logits is None else self.last_logits.nbytes
+        return logits + len(self.data or b"")
+
+    def check_fresh(self) -> None:
+        if self.is_materialized:
+            return
+        engine = self.owner()
+        if engine is None or engine._ctx is None:
+            msg = ("the engine this capsule was taken from is gone, and the capsule holds no "
+                   "state of its own: materialize() or save() capsules that must outlive it")
+            raise CapsuleError(msg)
+        if engine._slot_generation[self._slot] != self._generation:
+            msg = (f"capsule of {self.n_tokens} tokens is stale: its capsule slot was reused by "
+                   f"a later snapshot (this engine keeps {engine.capsule_slots} attached "
+                   "capsules); materialize() capsules you want to keep longer")
+            raise StaleCapsuleError(msg)
+
+    def materialize(self) -> "LlamaCppCapsule":
+        if self.is_materialized:
+            return self
+        self.check_fresh()
+        data = self.owner()._sequence_bytes(self._slot)
+        return replace(self, data=data, _owner=None, _slot=-1, _generation=-1)
+
+    def __reduce__(self):
+        full = self.materialize()
+        return (LlamaCppCapsule, (full.fingerprint, full.n_tokens, full.token_ids, full.dtype,
+                                  full.last_logits, full.data))
+
+    def save(self, path: str | Path) -> Path:
+        """One safetensors file: the sequence bytes, token ids and last logits."""
+        from safetensors.numpy import save_file
+
+        full = self.materialize()
+        tensors = {"state": np.frombuffer(full.data, dtype=np.uint8),
+                   "token_ids": np.asarray(full.token_ids, dtype=np.int64)}
+        if full.last_logits is not None:
+            tensors["logits"] = np.ascontiguousarray(full.last_logits, dtype=np.float32)
+        metadata = {"format": CAPSULE_FORMAT, "fingerprint": self.fingerprint,
+                    "n_tokens": str(self.n_tokens), "dtype": self.dtype}
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(tensors, str(tmp), metadata=metadata)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, *, expect_fingerprint: str | None = None
+             ) -> "LlamaCppCapsule":
+        from safetensors import safe_open
+        from safetensors.numpy import load_file
+
+        path = Path(path)
+        if not path.is_file():
+            raise CapsuleError(f"no capsule file at {path}")
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                metadata = f.metadata() or {}
+        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+            raise CapsuleError(f"{path} is not a readable capsule file: {exc}") from None
+        kind = metadata.get("format")
+        if kind == TORCH_CAPSULE_FORMAT:
+            msg = (f"{path} holds the torch engine's state (K/V tensors), not llama.cpp's: "
+                   "restore it into LocalEngine (backend='torch')")
+            raise CapsuleMismatchError(msg)
+        if kind != CAPSULE_FORMAT:
+            msg = (f"{path} is not a llama.cpp capsule (format {kind!r}, expected "
+                   f"{CAPSULE_FORMAT!r})")
+            raise CapsuleError(msg)
+        fingerprint = metadata["fingerprint"]
+        if expect_fingerprint is not None and fingerprint != expect_fingerprint:
+            raise CapsuleMismatchError(mismatch_message(fingerprint, expect_fingerprint, path))
+        tensors = load_file(str(path))
+        token_ids = tuple(int(i) for i in tensors["token_ids"])
+        n_tokens = int(metadata["n_tokens"])
+        assert len(token_ids) == n_tokens, f"{path}: {len(token_ids)} ids for {n_tokens} tokens"
+        return cls(fingerprint=fingerprint, n_tokens=n_tokens, token_ids=token_ids,
+                   dtype=metadata["dtype"], last_logits=tensors.get("logits"),
+                   data=tensors["state"].tobytes())
+
+
+class LlamaCppEngine:
+    """One GGUF model, one committed token run in sequence 0. Not thread-safe: one caller at a
+    time (as `LocalEngine`)."""
+
+    forward_kind = "llama.cpp"
+
+    def __init__(self, model="smollm2", *, threads: int | None = None,
+                 decode_threads: int | None = None, max_context_tokens: int | None = None,
+                 prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS, tokenizer=None,
+                 capsule_slots: int = DEFAULT_CAPSULE_SLOTS, kv_cells: int | None = None,
+                 flash_attn: bool = False, _shared: tuple[_Model, Path] | None = None):
+        """`model`: 'smollm2' (the embedded GGUF), a catalog name or a .gguf path; the tokenizer
+        comes from its converted directory (no weights converted).
+
+        `threads`: llama.cpp's threads for batches (prefill, a decode step with forced tokens);
+        `decode_threads`: for single-token steps (default: `threads`; default of both: the
+        CPUs this process may run on).
+
+        `capsule_slots`: capsules that can stay attached at once (sequence ids, no memory of
+        their own while they share the committed cells). `kv_cells`: cells of the unified KV
+        cache, default 2 x max_context_tokens, so that attached capsules of an earlier state
+        leave room for a full context.
+
+        `flash_attn`: llama.cpp's flash attention (off by default, as in llama-cpp-python's
+        server). On the CPU its results depend on how many rows a batch holds, so a closed
+        choice scored in one batch would differ from the same options scored one by one;
+        without it every row's logits are the same in any batch.
+        """
+        from csr_ros.model_store import model_fingerprint, resolve_gguf, resolve_model_dir
+        from csr_ros.tokenizer import HFTokenizer
+
+        if prefill_chunk_tokens < 1:
+            raise ConfigError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
+        if capsule_slots < 1:
+            raise ConfigError(f"capsule_slots must be >= 1, got {capsule_slots}")
+        for name, value in (("threads", threads), ("decode_threads", decode_threads)):
+            if value is not None and int(value) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        loading = _shared is None
+        if loading:
+            gguf = Path(model) if isinstance(model, Path) else resolve_gguf(str(model))
+            named = str(model) in ("smollm2", "default")
+            model_dir = resolve_model_dir(str(model) if named else str(gguf), weights=False)
+            started = time.perf_counter()
+            _shared = (_Model(gguf), model_dir)
+            log.info("llama.cpp loaded %s in %.1f s", gguf, time.perf_counter() - started)
+        self._model, self.model_dir = _shared
+        _shared = self._model
+        lib = self.lib = _shared.lib
+        reason = _unsupported_reason(lib, _shared.ptr)
+        if reason is not None:
+            raise ConfigError(f"backend='llamacpp' does not run {_shared.path.name}: {reason}; "
+                              "use the torch engine (backend='torch'), which has capsules for it")
+        self.tokenizer = tokenizer or HFTokenizer(self.model_dir)
+        self.fingerprint = "llamacpp-" + model_fingerprint(self.model_dir)
+        limit = int(lib.llama_model_n_ctx_train(_shared.ptr))
+        self.max_context_tokens = int(max_context_tokens or limit)
+        if not 1 <= self.max_context_tokens <= limit:
+            msg = (f"max_context_tokens must be in [1, {limit}] (the model's training context), "
+                   f"got {self.max_context_tokens}")
+            raise ConfigError(msg)
+        self.vocab_size = _shared.n_vocab
+        self.eos_ids = _eos_ids(self.tokenizer, None)
+        self.device = "cpu"
+        self.capsule_slots = int(capsule_slots)
+        self.prefill_chunk_tokens = int(prefill_chunk_tokens)
+        self.threads = int(threads) if threads is not None else _cpu_count()
+        self.decode_threads = None if decode_threads is None else int(decode_threads)
+        self._settings = dict(threads=threads, decode_threads=decode_threads,
+                              max_context_tokens=self.max_context_tokens,
+                              prefill_chunk_tokens=prefill_chunk_tokens,
+                              capsule_slots=capsule_slots, kv_cells=kv_cells,
+                              flash_attn=flash_attn)
+        self._first_option_seq = 1 + self.capsule_slots
+        self._n_seq = self._first_option_seq + OPTION_SEQUENCES
+        params = lib.llama_context_default_params()
+        params.n_ctx = int(kv_cells or 2 * self.max_context_tokens)
+        params.n_batch = params.n_ubatch = self.prefill_chunk_tokens
+        params.n_seq_max = self._n_seq
+        params.kv_unified = True          # one cell pool: seq_cp shares cells instead of copying
+        params.swa_full = True            # sliding-window layers keep every cell: exact capsules
+        params.no_perf = True
+        params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                  else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.n_threads = self.decode_threads or self.threads
+        params.n_threads_batch = self.threads
+        self._ctx = lib.llama_init_from_model(_shared.ptr, params)
+        if not self._ctx:
+            raise ResourceError(f"llama.cpp could not create a context of {params.n_ctx} cells")
+        self.precision = f"llama.cpp {_file_type(lib, _shared.ptr)}"
+        self._mem = lib.llama_get_memory(self._ctx)
+        self._batch = lib.llama_batch_init(self.prefill_chunk_tokens, 0, self._n_seq)
+        n = self.prefill_chunk_tokens
+        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(n,))
+        self._positions = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
+        self._n_seq_ids = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n,))
+        self._outputs = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
+        self._seq_rows = [np.ctypeslib.as_array(self._batch.seq_id[i], shape=(self._n_seq,))
+                          for i in range(n)]
+        for row in self._seq_rows:
+            row[0] = _COMMITTED
+        self._n_seq_ids[:] = 1
+        self._ids: list[int] = []
+        self._last_logits: np.ndarray | None = None       # [V] float32 after the last token
+        self._slot_generation = [0] * (1 + self.capsule_slots)
+        self._slot_order: list[int] = []                   # attached slots, oldest first
+        self._released: list[tuple[int, int]] = []         # (slot, generation) of dead capsules
+        if loading:
+            self._check_vocabulary()
+
+    # -- committed state ----------------------------------------------------------------------
+
+    @property
+    def n_committed(self) -> int:
+        return len(self._ids)
+
+    @property
+    def committed_ids(self) -> tuple[int, ...]:
+        return tuple(self._ids)
+
+    @property
+    def last_logits(self):
+        """The logits after the last committed token, a [V] float32 torch tensor (a copy)."""
+        import torch
+
+        return None if self._last_logits is None else torch.from_numpy(self._last_logits.copy())
+
+    def set_threads(self, threads: int, decode_threads: int | None = None) -> None:
+        """llama.cpp's threads from the next decode on: `threads` for batches, `decode_threads`
+        (default: the engine's own, at most `threads`) for single-token steps."""
+        if int(threads) < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}")
+        decode = int(decode_threads) if decode_threads is not None else min(
+            self.decode_threads or int(threads), int(threads))
+        self.lib.llama_set_n_threads(self._ctx, decode, int(threads))
+
+    def reset(self) -> None:
+        """Drop the committed state; attached capsules keep their cells."""
+        self.lib.llama_memory_seq_rm(self._mem, _COMMITTED, -1, -1)
+        self._ids, self._last_logits = [], None
+
+    def load(self, token_ids: Sequence[int]) -> ExtendResult:
+        """Replace the committed run: reset, then prefill `token_ids` (a cold prefill)."""
+        ids = self._check_ids(token_ids, "token_ids", allow_empty=False)
+        self._check_room(len(ids), 0, "load")
+        self.reset()
+        return self.extend(ids)
+
+    def extend(self, token_ids: Sequence[int]) -> ExtendResult:
+        """Prefill only `token_ids` after the committed state and commit them."""
+        ids = self._check_ids(token_ids, "token_ids", allow_empty=False)
+        self._check_room(len(ids), self.n_committed, "extend")
+        started = time.perf_counter()
+        self._commit(ids)
+        return ExtendResult(len(ids), time.perf_counter() - started, self.n_committed)
+
+    # -- the query hot path -------------------------------------------------------------------
+
+    def query(self, dynamic_ids: Sequence[int], max_new_tokens: int, *, stop: Sequence[str] = (),
+              eos_ids: Sequence[int] | None = None, commit_ids: Sequence[int] = (),
+              temperature: float = 0.0, seed: int | None = None, constraint=None,
+              on_token: Callable[[int], None] | None = None) -> Generation:
+        """Commit `commit_ids`, decode `dynamic_ids` (not committed) and the answer, roll back.
+
+        As `LocalEngine.query`: greedy unless temperature > 0, TTFT from the call to the first
+        sampled token, `constraint` masks each sample (and may force tokens), `on_token(n)`
+        after each sampled token (what it raises stops the decode, after the same roll back)."""
+        commit = self._check_ids(commit_ids, "commit_ids", allow_empty=True)
+        dynamic = self._check_ids(dynamic_ids, "dynamic_ids", allow_empty=True)
+        if max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {temperature}")
+        stop = tuple(s for s in stop if s)
+        if not commit and not dynamic and self._last_logits is None:
+            raise ConfigError("query on an empty state needs at least one prompt token")
+        self._check_room(len(commit) + len(dynamic) + max_new_tokens, self.n_committed, "query")
+        eos = frozenset(self.eos_ids if eos_ids is None else eos_ids)
+        rng = np.random.default_rng(0 if seed is None else int(seed)) if temperature > 0 else None
+
+        started = time.perf_counter()
+        if commit:
+            self._commit(commit)
+        n_static = self.n_committed
+        try:
+            # Tokens the grammar forces are never sampled: they ride on the next decode.
+            tokens: list[int] = []
+            text, finish = self._take_forced(tokens, constraint, eos, stop, max_new_tokens)
+            feed = dynamic + tokens
+            position = n_static
+            if finish is None:
+                logits = self._decode_last(feed, position) if feed else self._last_logits
+                position += len(feed)
+                tokens.append(_sample(logits, constraint, temperature, rng))
+                text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
+            ttft_s = time.perf_counter() - started
+            if on_token is not None:
+                on_token(len(tokens))
+            while finish is None:
+                n_sampled = len(tokens)
+                text, finish = self._take_forced(tokens, constraint, eos, stop, max_new_tokens)
+                if finish is not None:
+                    break
+                feed = tokens[n_sampled - 1:]          # the sampled token, then any forced
+                logits = self._decode_last(feed, position)
+                position += len(feed)
+                tokens.append(_sample(logits, constraint, temperature, rng))
+                text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
+                if on_token is not None:
+                    on_token(len(tokens))
+            decode_s = time.perf_counter() - started - ttft_s
+        finally:
+            self._rollback(n_static)
+        return Generation(text=text, token_ids=tuple(tokens), ttft_s=ttft_s, decode_s=decode_s,
+                          n_committed=len(commit), n_dynamic=len(dynamic), finish_reason=finish)
+
+    def score_options(self, dynamic_ids: Sequence[int], options: Sequence[Sequence[int]], *,
+                      commit_ids: Sequence[int] = (),
+                      end_id: int | None = None) -> OptionScores:
+        """Log-probability of each option's tokens after `dynamic_ids` (plus `end_id` after each
+        option, when given), as `LocalEngine.score_options`.
+
+        Up to OPTION_SEQUENCES options per batch: each option gets a sequence that shares the
+        committed cells (`seq_cp`), the dynamic part is decoded once as a member of all of them
+        and the options' token trie after it, each node a member of the options through it; the
+        option sequences are removed afterwards, sequence 0 is never touched."""
+        commit = self._check_ids(commit_ids, "commit_ids", allow_empty=True)
+        dynamic = self._check_ids(dynamic_ids, "dynamic_ids", allow_empty=True)
+        paths = [self._check_ids(o, "an option", allow_empty=False) for o in options]
+        if not paths:
+            raise ConfigError("score_options needs at least one option")
+        if not commit and not dynamic and self._last_logits is None:
+            raise ConfigError("score_options on an empty state needs at least one prompt token")
+        longest = max(len(p) for p in paths) + (1 if end_id is not None else 0)
+        self._check_room(len(commit) + len(dynamic) + longest, self.n_committed, "score_options")
+        started = time.perf_counter()
+        if commit:
+            self._commit(commit)
+        logprobs: list[float] = []
+        n_forward = 0
+        for first in range(0, len(paths), OPTION_SEQUENCES):
+            group = paths[first:first + OPTION_SEQUENCES]
+            scores, n = self._score_group(dynamic, group, end_id)
+            logprobs += scores
+            n_forward += n
+        return OptionScores(logprobs=tuple(logprobs), n_forward_tokens=n_forward,
+                            seconds=time.perf_counter() - started, n_committed=len(commit))
+
+    def _score_group(self, dynamic: list[int], paths: list[list[int]],
+                     end_id: int | None) -> tuple[list[float], int]:
+        tokens, parents, depths, ends = _trie(paths)
+        # A node is fed only if a row after it is read: one with children, or any node when the
+        # end token is scored. An option's last token is scored from its parent's row.
+        has_child = {p for p in parents if p >= 0}
+        fed = [i for i in range(len(tokens)) if end_id is not None or i in has_child]
+        seq_of_option = [self._first_option_seq + j for j in range(len(paths))]
+        members: dict[int, list[int]] = {}               # trie node -> option sequences
+        for j, nodes in enumerate(ends):
+            for node in nodes:
+                members.setdefault(node, []).append(seq_of_option[j])
+        n_static = self.n_committed
+        feed = dynamic + [tokens[i] for i in fed]
+        positions = (list(range(n_static, n_static + len(dynamic)))
+                     + [n_static + len(dynamic) + depths[i] for i in fed])
+        seqs = [seq_of_option] * len(dynamic) + [members[i] for i in fed]
+        # Rows read: after the dynamic part (its last token), then after each fed node.
+        out_rows = ([len(dynamic) - 1] if dynamic else []) + [len(dynamic) + k
+                                                              for k in range(len(fed))]
+        for seq in seq_of_option:
+            self.lib.llama_memory_seq_cp(self._mem, _COMMITTED, seq, -1, -1)
+        try:
+            rows = self._decode(feed, positions, seqs, out_rows) if feed else {}
+        finally:
+            for seq in seq_of_option:
+                self.lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        first = rows[len(dynamic) - 1] if dynamic else self._last_logits
+        row_of = {node: _log_softmax(rows[len(dynamic) + k]) for k, node in enumerate(fed)}
+        base = _log_softmax(first)
+        scores = []
+        for nodes in ends:
+            total, before = 0.0, base
+            for node in nodes:
+                total += float(before[tokens[node]])
+                before = row_of.get(node)
+            if end_id is not None:
+                total += float(before[end_id])
+            scores.append(total)
+        return scores, len(feed)
+
+    # -- decoding -----------------------------------------------------------------------------
+
+    def _commit(self, ids: list[int]) -> None:
+        """Decode `ids` into sequence 0 after the committed run and commit them; on failure the
+        committed state is as before."""
+        n_before = self.n_committed
+        try:
+            logits = self._decode_last(ids, n_before)
+        except BaseException:
+            self._rollback(n_before)
+            raise
+        self._ids.extend(ids)
+        self._last_logits = logits
+
+    def _rollback(self, n_tokens: int) -> None:
+        ok = self.lib.llama_memory_seq_rm(self._mem, _COMMITTED, n_tokens, -1)
+        assert ok, f"llama.cpp refused to remove sequence 0 from position {n_tokens}"
+
+    def _decode_last(self, ids: list[int], position: int) -> np.ndarray:
+        """Decode `ids` in sequence 0 at `position`...; the logits after the last one."""
+        rows = self._decode(ids, list(range(position, position + len(ids))), None,
+                            [len(ids) - 1])
+        return rows[len(ids) - 1]
+
+    def _decode(self, ids: list[int], positions: list[int], seqs: list[list[int]] | None,
+                out_rows: list[int]) -> dict[int, np.ndarray]:
+        """Decode tokens at explicit positions, in batches of `prefill_chunk_tokens`; `seqs`:
+        each token's sequence ids (None: all in sequence 0). The logits of `out_rows`, [V]
+        float32 copies."""
+        lib, ctx, n_batch = self.lib, self._ctx, self.prefill_chunk_tokens
+        wanted = set(out_rows)
+        rows: dict[int, np.ndarray] = {}
+        for start in range(0, len(ids), n_batch):
+            n = min(n_batch, len(ids) - start)
+            self._tokens[:n] = ids[start:start + n]
+            self._positions[:n] = positions[start:start + n]
+            outputs = [i for i in range(n) if start + i in wanted]
+            self._outputs[:n] = 0
+            self._outputs[outputs] = 1
+            if seqs is not None:
+                for i in range(n):
+                    members = seqs[start + i]
+                    self._n_seq_ids[i] = len(members)
+                    self._seq_rows[i][:len(members)] = members
+            self._batch.n_tokens = n
+            try:
+                rc = lib.llama_decode(ctx, self._batch)
+                if rc == 1 and self._release_slots():
+                    rc = lib.llama_decode(ctx, self._batch)
+            finally:
+                if seqs is not None:
+                    self._n_seq_ids[:n] = 1
+                    for i in range(n):
+                        self._seq_rows[i][0] = _COMMITTED
+            if rc == 1:
+                msg = (f"llama.cpp has no free KV cell for {n} tokens ({self._settings['kv_cells']}"
+                       " cells): attached capsules hold cells of earlier states; pass a larger "
+                       "kv_cells")
+                raise ContextOverflowError(msg)
+            if rc != 0:
+                raise ResourceError(f"llama_decode failed with status {rc}")
+            for i in outputs:
+                pointer = lib.llama_get_logits_ith(ctx, i)
+                rows[start + i] = np.ctypeslib.as_array(pointer, shape=(self.vocab_size,)).copy()
+        return rows
+
+    def _take_forced(self, tokens: list[int], constraint, eos: frozenset,
+                     stop: tuple[str, ...], max_new_tokens: int) -> tuple[str, str | None]:
+        forced = getattr(constraint, "forced", None)
+        text, finish = "", None
+        for token in (forced() if forced is not None else ()):
+            tokens.append(int(token))
+            text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
+            if finish is not None:
+                break
+        return text, finish
+
+    def _finished(self, tokens: list[int], eos: frozenset, stop: tuple[str, ...],
+                  max_new_tokens: int, constraint=None) -> tuple[str, str | None]:
+        """(text so far, finish reason or None to go on), as LocalEngine's."""
+        ended = tokens[-1] in eos
+        complete = constraint is not None and not ended and constraint.accept(tokens[-1])
+        body = tokens[:-1] if ended else tokens
+        text = self.tokenizer.decode(body)
+        if stop:
+            cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+            if cut >= 0:
+                return text[:cut], "stop"
+        if ended or complete:
+            return text, "stop"
+        if len(tokens) >= max_new_tokens:
+            return text, "length"
+        return text, None
+
+    # -- capsules -----------------------------------------------------------------------------
+
+    def snapshot(self) -> LlamaCppCapsule:
+        """The complete state at the committed boundary: a capsule slot that shares sequence
+        0's cells (`seq_cp`, no K/V copied), the token ids and a copy of the last logits."""
+        slot = self._take_slot()
+        self.lib.llama_memory_seq_rm(self._mem, slot, -1, -1)
+        self.lib.llama_memory_seq_cp(self._mem, _COMMITTED, slot, -1, -1)
+        logits = None if self._last_logits is None else self._last_logits.copy()
+        generation = self._slot_generation[slot]
+        capsule = LlamaCppCapsule(fingerprint=self.fingerprint, n_tokens=self.n_committed,
+                                  token_ids=tuple(self._ids), dtype=self.precision,
+                                  last_logits=logits, _owner=weakref.ref(self), _slot=slot,
+                                  _generation=generation)
+        # A capsule nobody holds frees its slot at the engine's next snapshot.
+        weakref.finalize(capsule, self._released.append, (slot, generation))
+        return capsule
+
+    def restore(self, capsule: LlamaCppCapsule) -> None:
+        """Make `capsule` the committed state, exactly: an attached capsule of this engine by
+        `seq_cp` from its slot, any other by `llama_state_seq_set_data`."""
+        self._check_capsule(capsule)
+        lib = self.lib
+        if not capsule.is_materialized and capsule.owner() is self:
+            capsule.check_fresh()
+            lib.llama_memory_seq_rm(self._mem, _COMMITTED, -1, -1)
+            lib.llama_memory_seq_cp(self._mem, capsule._slot, _COMMITTED, -1, -1)
+        else:
+            data = capsule.materialize().data
+            lib.llama_memory_seq_rm(self._mem, _COMMITTED, -1, -1)
+            if not self._set_sequence_bytes(data) and not (
+                    self._release_slots() and self._set_sequence_bytes(data)):
+                self._ids, self._last_logits = [], None
+                msg = (f"llama.cpp could not restore a capsule of {capsule.n_tokens} tokens "
+                       "(not enough free KV cells, or state from other context settings); "
+                       "the committed state is now empty")
+                raise CapsuleError(msg)
+        self._ids = list(capsule.token_ids)
+        self._last_logits = (None if capsule.last_logits is None
+                             else np.array(capsule.last_logits, dtype=np.float32))
+
+    def fork(self) -> "LlamaCppEngine":
+        """An independent engine sharing this one's model weights, with a copy of its state."""
+        child = LlamaCppEngine(tokenizer=self.tokenizer, _shared=(self._model, self.model_dir),
+                               **self._settings)
+        child.restore(self.snapshot())
+        return child
+
+    @contextmanager
+    def scratch(self) -> Iterator[LlamaCppCapsule]:
+        """Run extends/queries in a block, then roll back to the state before it."""
+        capsule = self.snapshot()
+        try:
+            yield capsule
+        finally:
+            self.restore(capsule)
+
+    def save_capsule(self, capsule: LlamaCppCapsule, path: str | Path) -> Path:
+        self._check_capsule(capsule)
+        return capsule.save(path)
+
+    def load_capsule(self, path: str | Path) -> LlamaCppCapsule:
+        capsule = LlamaCppCapsule.load(path, expect_fingerprint=self.fingerprint)
+        self._check_capsule(capsule)
+        return capsule
+
+    def _check_capsule(self, capsule) -> None:
+        if not isinstance(capsule, LlamaCppCapsule):
+            msg = (f"a {type(capsule).__name__} holds the torch engine's state: restore it into "
+                   "LocalEngine (backend='torch'); llama.cpp restores only its own capsules")
+            raise CapsuleMismatchError(msg)
+        if capsule.fingerprint != self.fingerprint:
+            raise CapsuleMismatchError(mismatch_message(capsule.fingerprint, self.fingerprint))
+        if capsule.dtype != self.precision:
+            msg = f"capsule holds {capsule.dtype} state, this engine runs {self.precision}"
+            raise CapsuleMismatchError(msg)
+        if capsule.n_tokens > self.max_context_tokens:
+            msg = (f"capsule holds {capsule.n_tokens} tokens, more than this engine's "
+                   f"max_context_tokens={self.max_context_tokens}")
+            raise ContextOverflowError(msg)
+
+    def _take_slot(self) -> int:
+        """A free capsule slot; with none free, the oldest attached capsule's (it goes stale)."""
+        for slot, generation in self._released:
+            if self._slot_generation[slot] == generation and slot in self._slot_order:
+                self._slot_order.remove(slot)
+                self._slot_generation[slot] += 1
+                self.lib.llama_memory_seq_rm(self._mem, slot, -1, -1)
+        self._released.clear()
+        free = [s for s in range(1, 1 + self.capsule_slots) if s not in self._slot_order]
+        slot = free[0] if free else self._slot_order.pop(0)
+        if not free:
+            self._slot_generation[slot] += 1
+        self._slot_order.append(slot)
+        return slot
+
+    def _release_slots(self) -> bool:
+        """Free every capsule slot (its capsules go stale) to make room; True if any was held."""
+        held = bool(self._slot_order)
+        for slot in self._slot_order:
+            self._slot_generation[slot] += 1
+            self.lib.llama_memory_seq_rm(self._mem, slot, -1, -1)
+        if held:
+            log.warning("llama.cpp KV cells ran out: %d attached capsule(s) released (stale)",
+                        len(self._slot_order))
+        self._slot_order.clear()
+        return held
+
+    def _sequence_bytes(self, seq: int) -> bytes:
+        size = self.lib.llama_state_seq_get_size(self._ctx, seq)
+        buffer = (ctypes.c_uint8 * size)()
+        written = self.lib.llama_state_seq_get_data(self._ctx, buffer, size, seq)
+        assert written == size, f"llama.cpp wrote {written} of {size} sequence-state bytes"
+        return bytes(buffer)
+
+    def _set_sequence_bytes(self, data: bytes) -> bool:
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return self.lib.llama_state_seq_set_data(self._ctx, buffer, len(data), _COMMITTED) > 0
+
+    # -- checks and teardown --------------------------------------------------------------------
+
+    def _check_vocabulary(self) -> None:
+        """The project's tokenizer and the GGUF's vocabulary must give the same ids."""
+        checks = [("data text", self.tokenizer.encode_data(_TOKENIZER_SAMPLE),
+                   self._llama_tokenize(_TOKENIZER_SAMPLE, special=False))]
+        special = [t for t in self.tokenizer.special_tokens if t][:4]
+        if special:
+            text = f"{special[0]}user\nhello{special[-1]}\n"
+            checks.append(("template text", self.tokenizer.encode_template(text),
+                           self._llama_tokenize(text, special=True)))
+        tok_vocab = getattr(self.tokenizer, "vocab_size", None)
+        if tok_vocab is not None and tok_vocab > self.vocab_size:
+            msg = (f"the tokenizer has {tok_vocab} tokens, the GGUF {self.vocab_size}: "
+                   f"{self._model.path.name} is not this tokenizer's model")
+            raise ConfigError(msg)
+        for what, ours, theirs in checks:
+            if ours != theirs:
+                i = next((k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                         min(len(ours), len(theirs)))
+                msg = (f"the tokenizer in {self.model_dir} and {self._model.path.name}'s "
+                       f"vocabulary disagree on a {what} sample at token {i} ({ours[i:i + 3]} "
+                       f"against {theirs[i:i + 3]}): use the tokenizer converted from this GGUF")
+                raise ConfigError(msg)
+
+    def _llama_tokenize(self, text: str, *, special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        buffer = (self.lib.llama_token * (len(data) + 16))()
+        n = self.lib.llama_tokenize(self._model.vocab, data, len(data), buffer, len(buffer),
+                                    False, special)
+        assert n >= 0, f"llama_tokenize needed {-n} tokens"
+        return list(buffer[:n])
+
+    def _check_ids(self, ids: Sequence[int], what: str, *, allow_empty: bool) -> list[int]:
+        try:
+            ids = [int(i) for i in ids]
+        except (TypeError, ValueError):
+            raise ConfigError(f"{what} must be a sequence of integer token ids") from None
+        if not ids and not allow_empty:
+            raise ConfigError(f"{what} is empty: pass at least one token id")
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            msg = (f"{what} holds {len(bad)} id(s) outside the vocabulary [0, {self.vocab_size}), "
+                   f"first {bad[0]}: tokenize with this model's tokenizer")
+            raise ConfigError(msg)
+        return ids
+
+    def _check_room(self, n_new: int, n_base: int, what: str) -> None:
+        if n_base + n_new > self.max_context_tokens:
+            msg = (f"{what} needs {n_base} + {n_new} = {n_base + n_new} tokens of context, more "
+                   f"than max_context_tokens={self.max_context_tokens}; nothing was computed "
+                   "(evict old chunks, or lower max_new_tokens)")
+            raise ContextOverflowError(msg)
+
+    def close(self) -> None:
+        """Free the context (and the model, unless a fork still uses it)."""
+        ctx, self._ctx = getattr(self, "_ctx", None), None
+        if ctx:
+            self.lib.llama_batch_free(self._batch)
+            self.lib.llama_free(ctx)
+        self._model = None
+        self._last_logits = None
+
+    def __del__(self):
+        self.close()
+
+
+def _sample(logits: np.ndarray, constraint, temperature: float, rng) -> int:
+    if constraint is not None:
+        import torch
+
+        logits = torch.from_numpy(logits.copy())    # the committed state's logits stay intact
+        constraint.mask_(logits)
+        logits = logits.numpy()
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    scaled = (logits.astype(np.float64) - float(np.max(logits))) / temperature
+    probs = np.exp(scaled)
+    return int(rng.choice(len(probs), p=probs / probs.sum()))
+
+
+def _log_softmax(row: np.ndarray) -> np.ndarray:
+    row = row.astype(np.float64)
+    top = float(np.max(row))
+    return row - (top + float(np.log(np.exp(row - top).sum())))
+
+
+def _unsupported_reason(lib, model) -> str | None:
+    if lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model):
+        return ("its recurrent state cannot be cut back to the committed length, so a query "
+                "cannot be rolled back")
+    if not lib.llama_model_has_decoder(model) or lib.llama_model_has_encoder(model):
+        return "it is not a decoder-only model"
+    return None
+
+
+def _file_type(lib, model) -> str:
+    """The GGUF's weight type as llama.cpp names it, e.g. 'Q4_1' (from the model description)."""
+    buffer = ctypes.create_string_buffer(256)
+    lib.llama_model_desc(model, buffer, len(buffer))
+    words = buffer.value.decode("utf-8", "replace").split()
+    return words[-1] if words else "gguf"  # e.g. "llama 135M Q4_1"
+
+
+def _cpu_count() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+__all__ = ["LlamaCppCapsule", "LlamaCppEngine", "CAPSULE_FORMAT"]
