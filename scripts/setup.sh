@@ -67,6 +67,9 @@ if [[ $with_ros == 1 ]]; then
     ros-jazzy-ament-cmake-python==2.5.4 ros-jazzy-ament-cmake-pytest==2.5.4
     ros-jazzy-python-cmake-module==0.11.1
     catkin-pkg==1.1.1                      # ament_cmake reads package.xml with it
+    # `colcon build` of the package as integrators build it (scripts/build_colcon.sh, run by
+    # test/test_colcon_install_ros.py)
+    colcon-core==0.21.3 colcon-common-extensions==0.3.0
   )
   stamp=.venv/.csr_ros_ros_wheels
   if [[ ! -f $stamp || $(cat "$stamp") != "${ros_wheels[*]}" ]]; then

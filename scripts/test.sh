@@ -3,6 +3,8 @@
 # interfaces for the node tests), then run the tests. Extra arguments go to pytest. pytest's
 # exit status is ours: "no tests collected" (5) fails. CSR_ROS_REQUIRE_ROS=1 makes a missing
 # rclpy or missing interfaces fail the run instead of skipping the ROS tests (test/conftest.py).
+# test/test_colcon_install_ros.py builds the package with colcon as integrators do
+# (scripts/build_colcon.sh, into build/colcon; skipped when unchanged) and starts nodes from it.
 # CSR_ROS_REQUIRE_QWEN=1 fails the Qwen2 engine tests when setup.sh --qwen has not prepared
 # their model (test/test_engine_qwen2.py).
 set -euo pipefail
