@@ -134,3 +134,20 @@ def test_serve_llamacpp_serves_a_prepared_catalog_model_as_its_joined_gguf(tmp_p
     path = join_catalog_parts(entry, wheel_dir=tmp_path / "wheels")
     (server,) = llamacpp_servers([8001], model=entry.name, n_ctx=512, threads=1)
     assert server.command[server.command.index("--model") + 1] == str(path)
+
+
+def test_serve_llamacpp_names_a_catalog_model_after_itself_by_default(tmp_path, cache,
+                                                                       monkeypatch, capsys):
+    import argparse
+
+    from csr_ros.tools import serve
+
+    entry = _wheels(tmp_path / "wheels", PARTS)
+    monkeypatch.setitem(CATALOG, entry.name, entry)
+    path = join_catalog_parts(entry, wheel_dir=tmp_path / "wheels")
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    assert serve.run(parser.parse_args(["llamacpp", "--model", entry.name, "--dry-run"])) == 0
+    command = capsys.readouterr().out.split()
+    assert command[command.index("--model") + 1] == str(path)
+    assert command[command.index("--model-alias") + 1] == "tiny-model"

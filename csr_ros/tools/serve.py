@@ -126,7 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2",
                         help="llamacpp: 'smollm2' (embedded default), a prepared catalog "
                              "model (csr-ros model list) or a .gguf file")
-    parser.add_argument("--alias", default="smollm2", help="llamacpp: the model id clients send")
+    parser.add_argument("--alias", default=None,
+                        help="llamacpp: the model id clients send (default: the --model name, "
+                             "or the .gguf file's name without .gguf)")
     parser.add_argument("--n-ctx", type=int, default=DEFAULT_LLAMACPP_CONTEXT_TOKENS,
                         help="llamacpp: context size in tokens")
     parser.add_argument("--threads", type=int, default=1, help="llamacpp: threads per server")
@@ -146,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
         timeout_s = args.timeout_s or config.health_timeout_s
     else:
         servers = llamacpp_servers(args.port or [8001], model=args.model, n_ctx=args.n_ctx,
-                                   threads=args.threads, host=args.host, alias=args.alias,
+                                   threads=args.threads, host=args.host,
+                                   alias=args.alias or Path(args.model).name.removesuffix(".gguf"),
                                    log_dir=args.log_dir)
         timeout_s = args.timeout_s or 120.0
     if args.dry_run:
