@@ -202,6 +202,15 @@ def test_replay_launch_plays_a_bag_with_the_csr_player_where_rosbag2_is_missing(
         rclpy.try_shutdown()
 
 
+def test_ctrl_c_while_the_player_plays_is_a_clean_stop_not_the_players_error(launched,
+                                                                             patrol_bag):
+    run = launched("replay.launch.py", f"bag:={patrol_bag}", "player:=csr", "delay:=60")
+    run.wait_output("[bag_player-3] playing ", timeout_s=120.0)
+    assert run.interrupt() == 0, run.output
+    assert "the bag player exited" not in run.output, run.output
+    assert not run.left_running(), run.output
+
+
 def test_a_player_that_dies_stops_the_launch_with_its_error(launched, tmp_path):
     not_a_bag = tmp_path / "empty"
     not_a_bag.mkdir()
@@ -234,3 +243,53 @@ def test_ctrl_c_while_all_in_one_loads_its_models_stops_every_node_cleanly(launc
     assert out.count("process has finished cleanly") == 2, out
     assert "cannot schedule new futures" not in out and "Traceback" not in out, out
     assert not run.left_running(), out
+
+
+# -- defect: server.launch.py and robot.launch.py on the same llama.cpp servers -----------------
+
+from llama_server import llama_server_pair  # noqa: E402,F401  (fixture)
+
+
+@pytest.mark.server
+def test_robot_and_server_launch_on_shared_llama_cpp_servers_complete_every_decision(
+        launched, llama_server_pair, tmp_path):
+    """The reconciler extends R1 with every chunk while the policy decides on it: no decision
+    may end short ("incomplete: the budget of 48 tokens ended") because the server cut a
+    stream to serve the other client."""
+    import rclpy
+    from rclpy.node import Node
+    from std_msgs.msg import String
+
+    from csr_ros.msg import PolicyDecision
+    from csr_ros.nodes.common import DECISIONS_QOS
+
+    r1, r2 = llama_server_pair
+    urls = [f"r1_url:={r1.url}", f"r2_url:={r2.url}"]
+    rclpy.init()
+    probe = Node("launch_probe")
+    decisions: list = []
+    probe.create_subscription(PolicyDecision, "csr/decisions", decisions.append, DECISIONS_QOS)
+    speech = probe.create_publisher(String, "/speech/text", 10)
+    try:
+        server = launched("server.launch.py", *urls)
+        robot = launched("robot.launch.py", *urls)
+        server.wait_output("started: v", timeout_s=180.0)
+        deadline = time.monotonic() + 300.0
+        said = 0
+        while len(decisions) < 12 and time.monotonic() < deadline:
+            speech.publish(String(data=f"operator: check room {said % 7} and report"))
+            said += 1
+            end = time.monotonic() + 2.0              # a chunk (an extend of R1) every 2 s
+            while time.monotonic() < end:
+                rclpy.spin_once(probe, timeout_sec=0.05)
+        incomplete = [d.error for d in decisions if d.error.startswith("incomplete")]
+        invalid = [d.error for d in decisions if not d.valid]
+        print(f"\n{len(decisions)} decisions, {len(invalid)} invalid, {said} chunks sent")
+        assert not incomplete, incomplete
+        assert not invalid, invalid
+        assert len(decisions) >= 12, robot.output
+        assert {d.version for d in decisions} and max(d.last_seq for d in decisions) > 0
+        assert robot.interrupt() == 0 and server.interrupt() == 0
+    finally:
+        probe.destroy_node()
+        rclpy.try_shutdown()
