@@ -229,6 +229,11 @@ def test_an_attached_capsule_whose_slot_was_reused_is_refused_as_stale(engine, p
         engine.restore(oldest)
     engine.restore(kept[-1])
     assert engine.committed_ids == tuple(static)
+    del kept, oldest                     # capsules nobody holds give their cells back
+    engine.reset()
+    memory = llama_cpp.llama_get_memory(engine._ctx)
+    assert all(llama_cpp.llama_memory_seq_pos_max(memory, slot) == -1
+               for slot in range(1, 1 + engine.capsule_slots))
 
 
 def test_a_saved_capsule_loads_into_a_fresh_engine_and_decodes_the_same(engine, prompt,

@@ -356,6 +356,7 @@ class LlamaCppEngine:
 
     def reset(self) -> None:
         """Drop the committed state; attached capsules keep their cells."""
+        self._free_released_slots()
         self.lib.llama_memory_seq_rm(self._mem, _COMMITTED, -1, -1)
         self._ids, self._last_logits = [], None
 
@@ -682,14 +683,19 @@ class LlamaCppEngine:
                    f"max_context_tokens={self.max_context_tokens}")
             raise ContextOverflowError(msg)
 
-    def _take_slot(self) -> int:
-        """A free capsule slot; with none free, the oldest attached capsule's (it goes stale)."""
-        for slot, generation in self._released:
+    def _free_released_slots(self) -> None:
+        """Give back the cells of capsules nobody holds any more (their slots were kept until
+        now: a finalizer may run on any thread, llama.cpp is called from the engine's)."""
+        while self._released:
+            slot, generation = self._released.pop()
             if self._slot_generation[slot] == generation and slot in self._slot_order:
                 self._slot_order.remove(slot)
                 self._slot_generation[slot] += 1
                 self.lib.llama_memory_seq_rm(self._mem, slot, -1, -1)
-        self._released.clear()
+
+    def _take_slot(self) -> int:
+        """A free capsule slot; with none free, the oldest attached capsule's (it goes stale)."""
+        self._free_released_slots()
         free = [s for s in range(1, 1 + self.capsule_slots) if s not in self._slot_order]
         slot = free[0] if free else self._slot_order.pop(0)
         if not free:

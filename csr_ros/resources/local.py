@@ -68,8 +68,11 @@ class LocalResource:
         self = cls.__new__(cls)
         self.name = name
         self.engine = engine
+        self.backend = "llamacpp" if engine.forward_kind == "llama.cpp" else "torch"
         self.max_context_tokens = engine.max_context_tokens
         self._lock = threading.Lock()
+        self._compiler = None
+        self._option_cache = {}
         return self
 
     @property
