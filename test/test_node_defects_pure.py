@@ -531,3 +531,15 @@ def test_the_csr_player_refuses_a_missing_bag_before_starting_ros(tmp_path):
         play([tmp_path / "nothing"], PlayOptions())
     with pytest.raises(ConfigError, match=r"--delay must be >= 0 seconds, got -1"):
         play([tmp_path], PlayOptions(delay_s=-1.0))
+
+
+def test_the_ros_docs_say_what_launch_needs_and_nothing_stale():
+    ros = (ROOT / "docs" / "ros.md").read_text()
+    lack = ros[ros.index("**What the wheels lack**"):]
+    lack = lack[:lack.index("\n- ")]
+    for name in ("launch_ros", "ros2cli", "rosbag2", "composition_interfaces"):
+        assert f"`{name}`" in lack, name
+    assert "need `mode: text`" not in ros           # token mode sends text to llama.cpp
+    assert "Launch files on the wheels" in ros
+    readme = (ROOT / "README.md").read_text()
+    assert "checked on a full ROS 2 install only" not in readme
