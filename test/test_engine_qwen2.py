@@ -159,3 +159,26 @@ def test_llama_cpp_tokenizes_qwen_prompts_as_the_converted_tokenizer_does(qwen_e
     run = "<|im_end|>\n<|im_start|>assistant\n"
     assert tokenizer.encode_template(run) == vocab.tokenize(run.encode(), add_bos=False,
                                                             special=True)
+
+
+def test_a_llama_cpp_server_of_the_catalog_name_is_checked_against_its_own_tokenizer(
+        qwen_engine, tmp_path):
+    """`serve llamacpp --model NAME` serves the joined GGUF under NAME, and an OpenAI resource
+    asked for NAME reads NAME's tokenizer (the health check compares it with the server's)."""
+    from csr_ros.resources.openai import OpenAIResource
+    from csr_ros.servers import free_port
+    from csr_ros.tools.serve import llamacpp_servers
+
+    pytest.importorskip("llama_cpp.server")
+    (server,) = llamacpp_servers([free_port()], model=MODEL, n_ctx=2048, threads=1,
+                                 alias=MODEL, log_dir=tmp_path)
+    server.start(timeout_s=120.0)
+    try:
+        resource = OpenAIResource(server.url, model=MODEL)
+        info = resource.check_health()
+        assert info.kind == "llama.cpp" and info.model == MODEL
+        probe = "[t=3.0s] battery 93%; <|im_end|> said the operator"
+        assert resource.tokenizer.encode_data(probe) == qwen_engine.tokenizer.encode_data(probe)
+        assert resource.tokenizer.chat_template == qwen_engine.tokenizer.chat_template
+    finally:
+        server.stop()

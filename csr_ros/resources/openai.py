@@ -509,8 +509,11 @@ class OpenAIResource:
     def _metadata_dir(self) -> Path:
         if self._model_dir is not None:
             return Path(self._model_dir)
+        from csr_ros.model_catalog import catalog_model
         from csr_ros.model_store import resolve_model_dir
 
+        if self.model is not None and catalog_model(self.model) is not None:
+            return resolve_model_dir(self.model, weights=False)   # served under its own name
         return resolve_model_dir(weights=False)
 
     # -- HTTP --------------------------------------------------------------------------------
