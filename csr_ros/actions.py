@@ -393,7 +393,13 @@ class Vocabulary:
         A constrained answer that parses is complete even if the budget ended with it (the
         grammar allows nothing after an action; a server only lacked the room for its end
         token). An unconstrained one cut by the budget might have gone on, so it is not.
+        Any other finish_reason (a stream the server gave up on) is the server's error, never
+        a budget that ran out, and never an action even if the text so far parses.
         """
+        if finish_reason not in ("stop", "length"):
+            return Decision(text=text, action=None, constrained=constrained,
+                            error=f"server error: the answer ended with finish_reason "
+                                  f"{finish_reason!r} ({_clip((text or '').strip())!r})")
         if finish_reason == "length" and constrained:
             try:
                 return Decision(text=text, action=self.parse_decision(text), constrained=True)

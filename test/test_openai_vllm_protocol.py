@@ -1,17 +1,18 @@
-"""The vLLM code path of OpenAIResource, on vLLM's wire format.
+"""vLLM's wire format, for the faults a real vLLM server cannot be made to show.
 
-vLLM needs a GPU, so a real vLLM server runs only where one is (the `gpu` test at the end, with
-CSR_ROS_VLLM_URL pointing at `csr-ros serve vllm`). Here an in-process transport answers as vLLM
-documents it (ids in /v1/models with owned_by "vllm" and max_model_len, /tokenize, streamed
-completions whose last event carries usage.prompt_tokens_details.cached_tokens), so that the
-request bodies and the parsing are checked on every CPU run. Tokenization is the real SmolLM2
-tokenizer.
+Every vLLM code path runs against real vLLM servers in test/test_vllm_server.py. What stays
+here is what those cannot show on demand: a server that serves another model (its tokenizer
+disagrees), one whose context is too short for tau_mem, a stream that ends without a
+finish_reason (a server giving up on a request), and the exact request bodies (what is *not*
+sent, e.g. no `priority` to a server without priority scheduling, which vLLM would refuse).
+An in-process transport answers as vLLM does (ids in /v1/models with owned_by "vllm" and
+max_model_len, /tokenize, streamed completions whose last event carries
+usage.prompt_tokens_details.cached_tokens). Tokenization is the real SmolLM2 tokenizer.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import httpx
 import pytest
@@ -85,18 +86,6 @@ def robot_state(resource: OpenAIResource) -> CsrState:
     return state
 
 
-def test_vllm_gets_token_id_prompts_and_reports_its_context(tokenizer):
-    server = VllmLikeServer(tokenizer)
-    resource = make(server)
-    assert (resource.info.kind, resource.info.model, resource.max_context_tokens) == \
-        ("vllm", "policy", 32768)
-    assert resource.state_mode == "token"
-    state = robot_state(resource)
-    request = state.build_request(task="next?")
-    resource.query(request, max_new_tokens=3)
-    assert server.bodies[-1]["prompt"] == list(request.ids)
-
-
 def test_warm_up_and_catch_up_are_prefill_only_and_low_priority(tokenizer):
     server = VllmLikeServer(tokenizer)
     resource = make(server, priority_scheduling=True, prefill_priority=10)
@@ -119,22 +108,6 @@ def test_priority_is_not_sent_unless_the_server_schedules_by_priority(tokenizer)
     assert "priority" not in server.bodies[-1]       # vLLM rejects it under the default FCFS
 
 
-def test_query_streams_with_usage_and_returns_the_server_cache_hits_next_to_i_star(tokenizer):
-    server = VllmLikeServer(tokenizer)
-    resource = make(server)
-    state = robot_state(resource)
-    resource.load(state.static_ids)
-    request = state.build_request(task="next?")
-    result = resource.query(request, max_new_tokens=3)
-    body = server.bodies[-1]
-    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
-    assert body["return_token_ids"] is True
-    assert result.token_ids == (28, 29, 30)
-    assert result.cached_tokens == state.n_static - state.n_static % 16
-    assert result.n_prompt == len(request.ids)
-    assert result.finish_reason == "length"
-
-
 def test_a_local_tokenizer_that_disagrees_with_the_server_is_refused(tokenizer):
     class OtherModel(VllmLikeServer):
         def __call__(self, request):
@@ -151,15 +124,40 @@ def test_the_context_check_reads_max_model_len(tokenizer):
         make(VllmLikeServer(tokenizer, max_model_len=4096), tau_mem_tokens=4000)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not os.environ.get("CSR_ROS_VLLM_URL"),
-                    reason="set CSR_ROS_VLLM_URL to a `csr-ros serve vllm` server (needs a GPU)")
-def test_a_real_vllm_server_reports_cache_hits_for_a_csr_query():
-    url = os.environ["CSR_ROS_VLLM_URL"]
-    with OpenAIResource(url, priority_scheduling=True,
-                        model_dir=os.environ.get("CSR_ROS_VLLM_MODEL_DIR")) as resource:
-        state = robot_state(resource)
-        resource.load(state.static_ids, state.static_text)
-        state.add("[cam] box", source="cam")
-        result = resource.query(state.build_request(task="next?"), max_new_tokens=4)
-        assert result.cached_tokens is not None and result.cached_tokens > 0
+class GivesUpMidStream(VllmLikeServer):
+    """Streams two tokens, then `[DONE]` with no finish_reason (or with `finish_reason`)."""
+
+    def __init__(self, tokenizer, finish_reason=None):
+        super().__init__(tokenizer)
+        self.finish_reason = finish_reason
+
+    def _completion(self, body: dict) -> httpx.Response:
+        if not body.get("stream"):
+            return super()._completion(body)
+        events = [{"choices": [{"index": 0, "text": "go", "token_ids": [28],
+                                "finish_reason": None}]},
+                  {"choices": [{"index": 0, "text": "_to(", "token_ids": [29],
+                                "finish_reason": self.finish_reason}]}]
+        lines = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        return httpx.Response(200, content=lines.encode(),
+                              headers={"content-type": "text/event-stream"})
+
+
+@pytest.mark.parametrize("finish_reason", [None, "abort"])
+def test_a_stream_that_ends_without_stop_or_length_is_a_server_error_not_a_spent_budget(
+        tokenizer, finish_reason):
+    resource = make(GivesUpMidStream(tokenizer, finish_reason))
+    request = robot_state(resource).build_request(task="next?")
+    with pytest.raises(ResourceUnavailableError, match="neither 'stop' nor 'length'"):
+        resource.query(request, max_new_tokens=16)
+    assert resource.n_committed == 0                 # a failed call commits nothing
+
+
+def test_a_decision_that_the_server_gave_up_on_is_an_error_of_the_server_never_an_action():
+    from csr_ros.actions import Vocabulary
+
+    vocab = Vocabulary.parse(["wait()", "look_around()"])
+    decision = vocab.decide("wait()", constrained=True, finish_reason="abort")
+    assert decision.action is None and decision.error.startswith("server error")
+    assert "budget" not in decision.error
+    assert vocab.decide("wait()", constrained=True, finish_reason="length").action is not None

@@ -64,6 +64,8 @@ TOKEN_PROMPT_SERVERS = ("vllm", "sglang")      # servers known to accept token-i
 STRUCTURED_APIS = ("auto", "structured_outputs", "guided", "grammar", "none")
 VLLM_STRUCTURED_OUTPUTS_SINCE = (0, 10, 2)
 DEFAULT_CONTEXT_TOKENS = 8192                  # assumed when the server does not say
+FINISH_REASONS = ("stop", "length")            # any other end of a stream is a server error
+MAX_LOGPROB_TOKEN_IDS = 128                    # vLLM's bound on logprob_token_ids per request
 # A string with template tokens, digits, units and non-ASCII text: two tokenizers that agree
 # on it are the same tokenizer for every practical purpose here.
 _TOKENIZER_PROBE = "<|im_start|>system\nCSR probe: v=0.25 m/s, 12 Hz, ünïcode ✓ 中文\n<|im_end|>\n"
@@ -129,6 +131,7 @@ class OpenAIResource:
         self._committed_ids: tuple[int, ...] = ()
         self._committed_text: str | None = ""
         self._structured_warned = False
+        self.last_choice_cached_tokens: int | None = None
         self.info: ServerInfo | None = None
         self.prompt_mode: str | None = None if prompt_mode == "auto" else prompt_mode
         if check_health:
@@ -303,7 +306,7 @@ class OpenAIResource:
             pieces: list[str] = []
             token_ids: list[int] = []
             usage: dict = {}
-            finish_reason = "length"
+            finish_reason: str | None = None
             first_token_at: float | None = None
             started = time.monotonic()
             response = self._send(body, stream=True)
@@ -324,6 +327,15 @@ class OpenAIResource:
             if first_token_at is None:
                 msg = f"{self.url} ended the stream without a token (usage {usage or 'none'})"
                 raise ResourceUnavailableError(msg)
+            if finish_reason not in FINISH_REASONS:
+                # Not a budget that ran out: the server gave up on the request (vLLM "abort",
+                # llama-cpp-python dropping a running stream for a newer request unless its
+                # interrupt_requests is off). The answer may be cut anywhere.
+                msg = (f"{self.name}: {self.url} ended the stream after {len(pieces)} pieces "
+                       f"with finish_reason {finish_reason!r}, neither 'stop' nor 'length': "
+                       "a server error (llama-cpp-python: start it with interrupt_requests "
+                       "off, as `csr-ros serve llamacpp` does)")
+                raise ResourceUnavailableError(msg)
             self._committed_ids, self._committed_text = request.static_ids, static_text
             text = "".join(pieces)
             if not token_ids and text:
@@ -333,7 +345,7 @@ class OpenAIResource:
                                ttft_s=first_token_at - started, decode_s=ended - first_token_at,
                                n_prompt=int(usage.get("prompt_tokens") or len(request.ids)),
                                n_extended=n_extended, cached_tokens=details.get("cached_tokens"),
-                               finish_reason="stop" if finish_reason == "stop" else "length",
+                               finish_reason=finish_reason,
                                resource=self.name, constrained=constrained)
 
     def prompt_of(self, request: Request) -> list[int] | str:
@@ -342,6 +354,61 @@ class OpenAIResource:
             self._ensure_checked()
             self._n_extended(request)
             return self._prompt(request, self._static_text_of(request))
+
+    def choice_logprobs(self, prompt: list[int] | str,
+                        choices: Sequence[str]) -> list[list[float]]:
+        """Per-token log-probabilities of each of `choices` after `prompt`, from the cache.
+
+        vLLM (token prompts): one batched completion whose prompts are `prompt` followed by
+        each distinct proper prefix of the choices' tokens (the root included), with
+        `max_tokens=1` and `logprob_token_ids` naming the tokens that can come next. Such
+        requests read the prefix cache like any query: what is computed is the few tokens past
+        the cached blocks, once per prefix, in one engine step, so scoring costs about a CSR
+        query. (`echo` with `logprobs` asks for prompt log-probabilities, and vLLM computes
+        those without its prefix cache: a full prefill per choice.) Other servers, or text
+        prompts: `echo_logprobs` per choice. `last_choice_cached_tokens` is the server's count
+        of prompt tokens it read from its cache, for the last prompt of the last call (vLLM
+        reports one prompt's count for a batch).
+        """
+        if not choices or any(not c for c in choices):
+            raise ConfigError("choices must be non-empty strings")
+        with self._lock:
+            self._ensure_checked()
+            if self.info.kind != "vllm" or isinstance(prompt, str):
+                return [self.echo_logprobs(prompt, c) for c in choices]
+            tails = [list(self.tokenizer.encode_data(c)) for c in choices]
+            if any(not t for t in tails):
+                raise ConfigError("a choice tokenizes to nothing; choices must be non-empty text")
+            prefixes = choice_prefixes(tails)
+            wanted = sorted({t[len(p)] for t in tails for p in prefixes
+                             if tuple(t[:len(p)]) == p and len(t) > len(p)})
+            if len(wanted) > MAX_LOGPROB_TOKEN_IDS:
+                raise ConfigError(f"the choices need {len(wanted)} distinct next tokens; vLLM "
+                                  f"scores at most {MAX_LOGPROB_TOKEN_IDS} per request")
+            prompts = [list(prompt) + list(p) for p in prefixes]
+            self._check_fits(max(len(q) for q in prompts) + 1)
+            body = self._body(prompts, max_tokens=1, stop=())
+            body.update(logprobs=1, logprob_token_ids=wanted, return_tokens_as_token_ids=True)
+            payload = self._complete(body)
+            details = (payload.get("usage") or {}).get("prompt_tokens_details") or {}
+            self.last_choice_cached_tokens = details.get("cached_tokens")
+        rows: dict[tuple[int, ...], dict[int, float]] = {}
+        try:
+            for choice in payload["choices"]:
+                top = choice["logprobs"]["top_logprobs"][0]
+                rows[prefixes[int(choice["index"])]] = {
+                    int(str(tok).split(":", 1)[1]): float(lp) for tok, lp in top.items()}
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise ResourceError(f"{self.url} did not return the requested token "
+                                "log-probabilities (completions with logprob_token_ids)") from None
+        out = []
+        for tail in tails:
+            try:
+                out.append([rows[tuple(tail[:i])][tok] for i, tok in enumerate(tail)])
+            except KeyError:
+                raise ResourceError(f"{self.url} left out a requested token's "
+                                    "log-probability") from None
+        return out
 
     def echo_logprobs(self, prompt: list[int] | str, continuation: str) -> list[float]:
         """Log-probabilities of the tokens of `continuation` after `prompt` (a completion with
@@ -408,7 +475,11 @@ class OpenAIResource:
             if constraint.kind == "choice":
                 return {"structured_outputs": {"choice": list(constraint.choices)}}
             if constraint.kind == "json":
-                return {"structured_outputs": {"json": constraint.json_schema}}
+                # Without disable_any_whitespace the JSON grammar lets a small model put a
+                # newline between every token (seen with SmolLM2 on vLLM 0.32), doubling the
+                # answer and running out of budget before the action is complete.
+                return {"structured_outputs": {"json": constraint.json_schema,
+                                               "disable_any_whitespace": True}}
             return {"structured_outputs": {"grammar": constraint.grammar}}
         if api == "guided":
             if constraint.kind == "choice":
@@ -610,6 +681,16 @@ class OpenAIResource:
             if missing_ok:
                 return None
             raise ResourceUnavailableError(f"{self.url}{path} did not answer JSON") from None
+
+
+def choice_prefixes(tails: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """The distinct proper prefixes of the token sequences (the empty one first), in order:
+    the points at which the next token of some choice must be scored."""
+    seen: dict[tuple[int, ...], None] = {}
+    for tail in tails:
+        for i in range(len(tail)):
+            seen.setdefault(tuple(tail[:i]), None)
+    return list(seen)
 
 
 def _version_tuple(version: str | None) -> tuple[int, ...] | None:
