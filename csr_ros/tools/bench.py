@@ -200,13 +200,15 @@ def bench_phases(resource, tokenizer, layout, *, ns: list[int], ms: list[int], r
         yield rows
         rows = []
         for m in ms:
-            samples = []
+            samples, cached = [], []
             for _ in range(repeats):
                 result = resource.query(prompts.request(static, static_text, *fresh_dynamic(m)),
                                         max_new_tokens=max_new_tokens)
                 assert result.n_extended == 0, f"{name}: CSR query prefilled static tokens"
                 samples.append(result.ttft_s)
+                cached.append(result.cached_tokens)
             rows.append(ttft_row(name, n, m, "csr", samples))
+            rows[-1]["cached_tokens"] = cached      # per query, as the resource reports it
             _progress(f"[{name}] N={n} M={m}: CSR TTFT median {rows[-1]['ttft_median_s']:.3f} s")
             yield rows
             rows = []
@@ -220,14 +222,16 @@ def bench_phases(resource, tokenizer, layout, *, ns: list[int], ms: list[int], r
         if not unordered:
             continue
         for m in ms:
-            samples = []
+            samples, cached = [], []
             for _ in range(repeats):
                 dynamic, dynamic_text = fresh_dynamic(m)
                 resource.load((), "")        # nothing committed: the whole prompt is new
                 request = prompts.unordered(dynamic, dynamic_text, static, static_text)
                 result = resource.query(request, max_new_tokens=max_new_tokens)
                 samples.append(result.ttft_s)
+                cached.append(result.cached_tokens)
             rows.append(ttft_row(name, n, m, "unordered", samples))
+            rows[-1]["cached_tokens"] = cached
             _progress(f"[{name}] N={n} M={m}: unordered TTFT median "
                       f"{rows[-1]['ttft_median_s']:.3f} s")
             yield rows
