@@ -26,7 +26,7 @@ import json
 import queue
 import threading
 import time
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import CancelledError, Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from typing import Callable
@@ -550,12 +550,17 @@ class PolicyNode(Node):
 
     def close(self) -> None:
         """Stop deciding: a running query is abandoned (its thread is a daemon; its answer is
-        not published), queued ones are cancelled."""
+        not published), queued ones are cancelled, and the Decide goals and Query calls that
+        wait or run end at once with the reason."""
         with self.lock:
             self.closing = True
-            waiting, self.demands = list(self.demands.values()), {}
-        for demand in waiting:
-            demand.done.cancel()
+            unfinished = list(self.demands.values()) + list(self.goals.values())
+            self.demands = {}
+        for demand in unfinished:     # their callers (a goal's execution, a service call) end
+            try:
+                demand.done.set_exception(CsrError("the policy node is shutting down"))
+            except InvalidStateError:  # it has just ended
+                pass
         self.worker.stop()
         self.decide_server.destroy()
         for _, resource in self.http_resources.values():
