@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from llama_server import llama_server_pair  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -246,9 +247,6 @@ def test_ctrl_c_while_all_in_one_loads_its_models_stops_every_node_cleanly(launc
 
 
 # -- defect: server.launch.py and robot.launch.py on the same llama.cpp servers -----------------
-
-from llama_server import llama_server_pair  # noqa: E402,F401  (fixture)
-
 
 @pytest.mark.server
 def test_robot_and_server_launch_on_shared_llama_cpp_servers_complete_every_decision(
