@@ -1,10 +1,12 @@
 """Cancelling a query between two tokens (what a cancelled Decide goal does): the `on_token`
 callback of a resource's query follows the answer token by token, and what it raises stops the
 decode there. The local engine rolls its state back to the committed boundary, so the next
-query answers exactly as if the cancelled one had never run; over HTTP the stream is closed and
-the same server answers the next query."""
+query answers exactly as if the cancelled one had never run; over HTTP the stream is closed (the
+server logs the client leaving) and the same server answers the next query."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -13,6 +15,15 @@ from csr_ros.layout import Layout
 from csr_ros.resources.base import QueryResult
 from csr_ros.state import CsrState
 from llama_server import llama_server  # noqa: F401  (fixture)
+
+
+def wait_for(condition, *, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
 
 COUNT = "Count from 1 to 300, one number after the other, separated by commas."
 
@@ -65,14 +76,21 @@ def test_an_http_stream_is_closed_between_tokens_and_the_server_answers_the_next
         llama_server, tokenizer):
     from csr_ros.resources.factory import make_resource
 
+    def disconnects() -> int:       # llama-cpp-python's server logs each client that left
+        return llama_server.log_path.read_text(errors="replace").count(
+            "Disconnected from client")
+
     resource = make_resource("openai", url=llama_server.url, tokenizer=tokenizer)
     try:
         request = request_of(tokenizer, mode="text")
         reference = resource.query(request, max_new_tokens=8)
+        before = disconnects()
         seen: list[int] = []
         with pytest.raises(QueryCancelledError, match="after 2 tokens"):
             resource.query(request, max_new_tokens=200, on_token=cancel_after(2, seen))
         assert seen == [1, 2]
+        wait_for(lambda: disconnects() > before, timeout_s=30.0,
+                 what="the server to see the stream closed")
         again = resource.query(request, max_new_tokens=8)
         assert again.text == reference.text and again.finish_reason == "length"
     finally:
