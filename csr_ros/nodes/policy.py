@@ -47,9 +47,9 @@ from csr_ros.nodes.common import (route_library_logging, unroute_library_logging
                                   SWAPS_QOS, ChunkFetcher, chunk_event, declare, load_tokenizer,
                                   run, time_msg, with_undeclared)
 from csr_ros.policy_core import (ERROR, MAX_WAITING_QUERIES, OK, PERIODIC, WARN, Announcer,
-                                 FetchRequest, InstantValue, QueryScheduler, QueryStats, StateFold, SwapEvent, build_suffix,
-                                 diagnose, keep_up_warning, state_from_params,
-                                 vocabulary_from_params)
+                                 FetchRequest, InstantValue, QueryScheduler, QueryStats,
+                                 StateFold, SwapEvent, build_suffix, diagnose, keep_up_warning,
+                                 state_from_params, vocabulary_from_params)
 from csr_ros.render import episode_origin_ns
 from csr_ros.srv import Query
 
