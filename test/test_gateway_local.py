@@ -32,7 +32,7 @@ def test_the_gateway_bench_compares_the_same_queries_through_it_and_straight_to_
     # the local engine holds the whole history: every query reuses all of it
     assert s["cached_tokens"] == [n] and s["prompt_tokens"] == [n + m]
     assert all(r["n_static"] == n and r["n_dynamic"] == m for r in s["rows"])
-    assert s["same_answers"] is True and s["new_versions"] == 0
+    assert s["same_answer"] is True and s["new_versions"] == 0
     assert all(r["gateway_ttft_s"] > 0 and r["direct_ttft_s"] > 0 for r in s["rows"])
     assert s["ratio_median"] == pytest.approx(s["gateway_ttft_s_median"]
                                               / s["direct_ttft_s_median"])
