@@ -62,8 +62,8 @@ def vllm_command(model: str, *, port: int, max_model_len: int, host: str = LOOPB
                  served_model_name: str | None = None, gpu_memory_utilization: float | None = None,
                  dtype: str | None = None, block_size: int | None = None,
                  prefix_caching: bool = True, prompt_tokens_details: bool = True,
-                 priority_scheduling: bool = True, extra_args: Sequence[str] = (),
-                 python: str | None = None) -> list[str]:
+                 priority_scheduling: bool = True, compact_json: bool = True,
+                 extra_args: Sequence[str] = (), python: str | None = None) -> list[str]:
     """vLLM's OpenAI-compatible server with the flags CSR relies on.
 
     `python -m vllm.entrypoints.openai.api_server --model M`: the same server as `vllm serve M`,
@@ -91,6 +91,13 @@ def vllm_command(model: str, *, port: int, max_model_len: int, host: str = LOOPB
         cmd.append("--enable-prompt-tokens-details")     # usage.prompt_tokens_details.cached_tokens
     if priority_scheduling:
         cmd += ["--scheduling-policy", "priority"]        # warm-up/catch-up yield to queries
+    if compact_json:
+        # JSON actions without free whitespace: a server-wide setting (vLLM 0.32 ignores it per
+        # request) that needs a named backend. With whitespace allowed, SmolLM2 put a newline
+        # between every token of a decision and ran out of budget before the action was
+        # complete. guidance (llguidance) is the backend the request bodies are checked with.
+        cmd += ["--structured-outputs-config",
+                '{"backend": "guidance", "disable_any_whitespace": true}']
     cmd += list(extra_args)
     return cmd
 

@@ -51,9 +51,7 @@ def _vllm(tokenizer, version, **options) -> tuple[VersionedVllm, OpenAIResource]
 def _check_structured_outputs(body: dict) -> tuple[str, object]:
     """The body follows vLLM >= 0.10.2's documented shape; returns (key, value)."""
     assert not VLLM_GUIDED_KEYS & set(body), "old guided_* fields next to structured_outputs"
-    fields = dict(body["structured_outputs"])
-    if "json" in fields:                 # an option of the json form (StructuredOutputsParams)
-        assert fields.pop("disable_any_whitespace") is True
+    fields = body["structured_outputs"]
     assert isinstance(fields, dict) and len(fields) == 1 and set(fields) <= VLLM_STRUCTURED_KEYS
     ((key, value),) = fields.items()
     if key == "choice":

@@ -475,11 +475,7 @@ class OpenAIResource:
             if constraint.kind == "choice":
                 return {"structured_outputs": {"choice": list(constraint.choices)}}
             if constraint.kind == "json":
-                # Without disable_any_whitespace the JSON grammar lets a small model put a
-                # newline between every token (seen with SmolLM2 on vLLM 0.32), doubling the
-                # answer and running out of budget before the action is complete.
-                return {"structured_outputs": {"json": constraint.json_schema,
-                                               "disable_any_whitespace": True}}
+                return {"structured_outputs": {"json": constraint.json_schema}}
             return {"structured_outputs": {"grammar": constraint.grammar}}
         if api == "guided":
             if constraint.kind == "choice":
