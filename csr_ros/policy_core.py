@@ -778,7 +778,9 @@ def diagnose(state: StateFold | Mapping, scheduler: QueryScheduler, stats: Query
     view = state_view(state) if isinstance(state, StateFold) else dict(state)
     values: list[tuple[str, str]] = [(k, str(v)) for k, v in view.items()]
     values += [("queries", str(scheduler.finished)), ("failed_queries", str(scheduler.failed)),
-               ("skipped_ticks", str(scheduler.skipped)), ("rate_hz", f"{scheduler.rate_hz:g}")]
+               ("skipped_ticks", str(scheduler.skipped)), ("rate_hz", f"{scheduler.rate_hz:g}"),
+               ("deferred_ticks", str(scheduler.deferred)),
+               ("waiting_queries", str(len(scheduler.waiting)))]
     rate = stats.decisions_per_s(now_s) if now_s is not None else None
     if rate is not None:
         values.append(("decisions_per_s", f"{rate:.3f}"))

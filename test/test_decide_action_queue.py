@@ -3,7 +3,7 @@ periodic decisions: in order, and neither kind starves the other (QueryScheduler
 
 from __future__ import annotations
 
-from csr_ros.policy_core import MAX_WAITING_QUERIES, PERIODIC, QueryScheduler
+from csr_ros.policy_core import MAX_WAITING_QUERIES, PERIODIC, QueryScheduler, QueryStats, diagnose
 
 
 def test_a_goal_that_arrives_while_the_slot_is_free_starts_at_once():
@@ -80,3 +80,14 @@ def test_the_queue_is_bounded():
         assert not s.full
         s.enqueue()
     assert s.full
+
+
+def test_diagnostics_count_the_deferred_ticks_and_the_waiting_queries():
+    s = QueryScheduler(rate_hz=2.0)
+    assert s.grant() is None
+    s.enqueue()
+    s.grant()
+    s.enqueue()
+    s.tick()
+    values = dict(diagnose({"version": 0}, s, QueryStats(started_s=0.0)).values)
+    assert (values["deferred_ticks"], values["waiting_queries"]) == ("1", "1")
