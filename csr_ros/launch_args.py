@@ -150,6 +150,9 @@ def check_bag(arguments: Mapping[str, str], *, rosbag2: bool) -> list[str]:
     if not Path(bag).exists():
         raise ConfigError(f"bag:={bag} does not exist")
     player = choose_player(arguments.get("player", "auto") or "auto", rosbag2=rosbag2)
+    if player == "csr" and shutil.which("csr-ros") is None:
+        raise ConfigError("player:=csr needs the csr-ros command, which is not on PATH: put the "
+                          "bin folder of the environment that has csr_ros on PATH")
     build = bag_play_command if player == "rosbag2" else csr_play_command
     return build(bag, rate=arguments.get("rate", "1.0") or "1.0",
                  topics=arguments.get("topics", ""),

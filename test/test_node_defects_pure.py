@@ -433,9 +433,15 @@ def test_the_bag_player_scales_bag_time_by_the_rate_after_the_start_offset():
 
 # -- launch files and players, as run on launch/launch_ros/ros2cli (jazzy) ----------------------
 
-def test_a_bad_bag_argument_is_refused_before_anything_is_launched(tmp_path):
+def test_a_bad_bag_argument_is_refused_before_anything_is_launched(tmp_path, monkeypatch):
     """Every bag argument is checked by check_bag, which the replay launch calls before it
     describes any node (the rclpy half: test/test_launch_files.py)."""
+    import os
+    import sys
+
+    # csr-ros (the csr player) is installed next to this Python
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent),
+                                                os.environ.get("PATH", "")]))
     bag = tmp_path / "bag"
     bag.mkdir()
     good = {"bag": str(bag), "rate": "1.0", "topics": "", "start_offset": "", "delay": "",
@@ -464,6 +470,13 @@ def test_the_replay_launch_describes_its_nodes_only_after_checking_the_bag_argum
     starts = [c.lineno for c in calls if getattr(c.func, "id", "") in
               ("IncludeLaunchDescription", "ExecuteProcess")]
     assert starts and first_check < min(starts)
+
+
+def test_the_csr_player_without_csr_ros_on_path_is_refused_before_anything_starts(tmp_path,
+                                                                                  monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"player:=csr needs the csr-ros command"):
+        check_bag({"bag": str(tmp_path), "player": "auto"}, rosbag2=False)
 
 
 def test_delay_zero_plays_at_once_instead_of_a_delay_rosbag2_refuses():
