@@ -287,7 +287,10 @@ def test_robot_and_server_launch_on_shared_llama_cpp_servers_complete_every_deci
         assert not invalid, invalid
         assert len(decisions) >= 12, robot.output
         assert {d.version for d in decisions} and max(d.last_seq for d in decisions) > 0
-        assert robot.interrupt() == 0 and server.interrupt() == 0
+        for name, run in (("robot", robot), ("server", server)):
+            started_s = time.monotonic()
+            assert run.interrupt() == 0, run.output
+            print(f"{name}.launch.py stopped {time.monotonic() - started_s:.1f} s after Ctrl-C")
     finally:
         probe.destroy_node()
         rclpy.try_shutdown()
