@@ -247,7 +247,8 @@ def test_bad_requests_get_openai_style_errors_and_leave_the_session_as_it_was(ga
         (before["version"], before["messages"], before["new_versions"])
 
 
-def test_sessions_beyond_the_bound_close_the_least_recently_used(llama_server, tmp_path):  # noqa: F811
+def test_sessions_beyond_the_bound_close_the_least_recently_used(
+        llama_server, tmp_path):  # noqa: F811
     with GatewayProcess((llama_server.url, llama_server.url), tmp_path / "gateway.log",
                         "--max-sessions", "2") as process:
         body = {"messages": [SYSTEM, {"role": "user", "content": "Hello."}], "max_tokens": 2}
