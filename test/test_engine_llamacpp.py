@@ -101,6 +101,26 @@ def test_a_query_rolls_back_to_exactly_the_committed_state(engine, resource, pro
         fresh.close()
 
 
+def test_what_on_token_raises_stops_the_decode_and_the_state_rolls_back(engine, prompt):
+    from csr_ros.errors import QueryCancelledError
+
+    static, dynamic = prompt
+    engine.load(static)
+    whole = engine.query(dynamic, 12, eos_ids=())
+    seen: list[int] = []
+
+    def on_token(n_tokens: int) -> None:
+        seen.append(n_tokens)
+        if n_tokens >= 3:
+            raise QueryCancelledError(f"cancelled after {n_tokens} tokens")
+
+    with pytest.raises(QueryCancelledError):
+        engine.query(dynamic, 12, eos_ids=(), on_token=on_token)
+    assert seen == [1, 2, 3]
+    assert engine.committed_ids == tuple(static)
+    assert engine.query(dynamic, 12, eos_ids=()).token_ids == whole.token_ids
+
+
 def test_load_extend_and_commit_inside_a_query_match_one_cold_prefill(engine, prompt):
     static, dynamic = prompt
     engine.load(static)

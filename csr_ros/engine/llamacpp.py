@@ -242,9 +242,9 @@ class LlamaCppEngine:
         leave room for a full context.
 
         `flash_attn`: llama.cpp's flash attention (off by default, as in llama-cpp-python's
-        server). On the CPU its results depend on how many rows a batch holds, so a closed
-        choice scored in one batch would differ from the same options scored one by one;
-        without it every row's logits are the same in any batch.
+        server). On the CPU its results depend on how many rows a batch holds: a closed choice
+        scored in one batch differed from the same options in a smaller one by a third of a
+        nat; without it they agree (docs/engine.md).
         """
         from csr_ros.model_store import model_fingerprint, resolve_gguf, resolve_model_dir
         from csr_ros.tokenizer import HFTokenizer
@@ -265,21 +265,21 @@ class LlamaCppEngine:
             _shared = (_Model(gguf), model_dir)
             log.info("llama.cpp loaded %s in %.1f s", gguf, time.perf_counter() - started)
         self._model, self.model_dir = _shared
-        _shared = self._model
-        lib = self.lib = _shared.lib
-        reason = _unsupported_reason(lib, _shared.ptr)
+        gguf_model = self._model
+        lib = self.lib = gguf_model.lib
+        reason = _unsupported_reason(lib, gguf_model.ptr)
         if reason is not None:
-            raise ConfigError(f"backend='llamacpp' does not run {_shared.path.name}: {reason}; "
+            raise ConfigError(f"backend='llamacpp' does not run {gguf_model.path.name}: {reason}; "
                               "use the torch engine (backend='torch'), which has capsules for it")
         self.tokenizer = tokenizer or HFTokenizer(self.model_dir)
         self.fingerprint = "llamacpp-" + model_fingerprint(self.model_dir)
-        limit = int(lib.llama_model_n_ctx_train(_shared.ptr))
+        limit = int(lib.llama_model_n_ctx_train(gguf_model.ptr))
         self.max_context_tokens = int(max_context_tokens or limit)
         if not 1 <= self.max_context_tokens <= limit:
             msg = (f"max_context_tokens must be in [1, {limit}] (the model's training context), "
                    f"got {self.max_context_tokens}")
             raise ConfigError(msg)
-        self.vocab_size = _shared.n_vocab
+        self.vocab_size = gguf_model.n_vocab
         self.eos_ids = _eos_ids(self.tokenizer, None)
         self.device = "cpu"
         self.capsule_slots = int(capsule_slots)
@@ -304,10 +304,10 @@ class LlamaCppEngine:
                                   else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         params.n_threads = self.decode_threads or self.threads
         params.n_threads_batch = self.threads
-        self._ctx = lib.llama_init_from_model(_shared.ptr, params)
+        self._ctx = lib.llama_init_from_model(gguf_model.ptr, params)
         if not self._ctx:
             raise ResourceError(f"llama.cpp could not create a context of {params.n_ctx} cells")
-        self.precision = f"llama.cpp {_file_type(lib, _shared.ptr)}"
+        self.precision = f"llama.cpp {_file_type(lib, gguf_model.ptr)}"
         self._mem = lib.llama_get_memory(self._ctx)
         self._batch = lib.llama_batch_init(self.prefill_chunk_tokens, 0, self._n_seq)
         n = self.prefill_chunk_tokens
