@@ -290,3 +290,54 @@ def test_asr_evicts_in_the_background_behind_the_gateway_and_resends_still_exten
         assert versions == sorted(versions) and versions[-1] >= 1
         # the state holds fewer chunks than the transcript: old ones were evicted
         assert rec["n_chunks"] < session["messages"]
+
+
+def test_a_new_session_while_every_session_is_busy_gets_429_and_nothing_is_closed(
+        llama_server):  # noqa: F811
+    """In-process gateway over the real server; its backend factory waits for an event, which
+    holds the first session's request in flight for as long as the test needs."""
+    from csr_ros.gateway.app import ServerThread, build_app
+    from csr_ros.gateway.service import Backend, Gateway, GatewayConfig
+    from csr_ros.reconcile.machine import ReconcileConfig
+    from csr_ros.resources.factory import make_resource
+
+    release = threading.Event()
+
+    def factory(key: str) -> Backend:
+        release.wait(120)
+        resources = [make_resource("openai", url=llama_server.url, name=name)
+                     for name in ("r1", "r2")]
+        return Backend(resources, resources[0].tokenizer, resources[0].state_mode)
+
+    gateway = Gateway(factory, GatewayConfig(ReconcileConfig(tau_mem_tokens=2048,
+                                                             max_context_tokens=4096),
+                                             max_sessions=1))
+    body = {"messages": [SYSTEM, {"role": "user", "content": "Hello."}], "max_tokens": 2}
+    held: list[httpx.Response] = []
+    try:
+        with ServerThread(build_app(gateway), free_port()) as server:
+            first = threading.Thread(target=lambda: held.append(httpx.post(
+                f"{server.url}/v1/chat/completions", json=body, timeout=300.0,
+                headers={"X-Session-Id": "held"})))
+            first.start()
+            for _ in range(1200):       # until the first request is in flight (bounded)
+                if any(s["in_flight"] for s in gateway.session_stats()):
+                    break
+                threading.Event().wait(0.05)
+            busy = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60.0,
+                              headers={"X-Session-Id": "other"})
+            assert busy.status_code == 429, busy.text
+            assert "all 1 sessions have a request in flight" in busy.json()["error"]["message"]
+            assert gateway.sessions_closed == 0
+            release.set()
+            first.join(300)
+            assert held[0].status_code == 200, held[0].text
+            # the first session is idle now: the other one takes its place
+            again = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300.0,
+                               headers={"X-Session-Id": "other"})
+            assert again.status_code == 200, again.text
+            assert gateway.sessions_closed == 1
+            assert [s["session"] for s in gateway.session_stats()] == ["other"]
+    finally:
+        release.set()
+        gateway.close()
