@@ -285,6 +285,22 @@ def test_a_saved_capsule_loads_into_a_fresh_engine_and_decodes_the_same(engine, 
         engine.load_capsule(tmp_path / "torch.capsule")
 
 
+def test_a_restart_resumes_from_the_chunk_logs_llamacpp_capsule_and_prefills_only_the_rest(
+        resource, tmp_path):
+    from csr_ros.chunklog import resume, save_capsule
+
+    state = _state(resource.engine.tokenizer, n_chunks=4)
+    resource.load(state.static_ids)
+    n_capsule = save_capsule(resource, tmp_path / "r1.capsule")
+    for item in itertools.islice(Episode(1).stream(), 3):      # logged after the capsule
+        state.add(item.text, source=item.source)
+    resource.engine.reset()                                     # the "crash"
+    resumed = resume(resource, state, tmp_path / "r1.capsule")
+    assert resumed.n_from_capsule == n_capsule > 0
+    assert resumed.n_prefilled == len(state.static_ids) - n_capsule
+    assert resource.committed_ids == tuple(state.static_ids)
+
+
 def test_a_query_past_the_context_raises_context_overflow_and_keeps_the_state(engine, prompt):
     static, dynamic = prompt
     engine.load(static)
