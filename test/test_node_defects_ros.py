@@ -590,3 +590,36 @@ def test_a_context_longer_than_the_servers_names_the_parameter_and_the_policy_wa
     finally:
         reconciler.kill()
         policy.kill()
+
+
+def test_the_csr_player_loops_until_stopped_and_exits_0(tmp_path, graph):
+    """`csr-ros replay BAG --play --loop` (replay.launch.py's loop:=true with player:=csr):
+    the bag again from its start after its end, until Ctrl-C, which is a clean exit."""
+    from nav_msgs.msg import Odometry
+
+    bag = tmp_path / "patrol"
+    subprocess.run([sys.executable, "-m", "csr_ros.cli", "patrol", str(bag), "--duration-s",
+                    "5"], check=True, capture_output=True, timeout=120, cwd=ROOT)
+    from rosbags.highlevel import AnyReader
+
+    with AnyReader([bag]) as reader:
+        in_bag = sum(1 for c in reader.connections if c.topic == "/odom"
+                     for _ in reader.messages(connections=[c]))
+    probe = graph.node("loop_probe")
+    odoms = []
+    probe.create_subscription(Odometry, "/odom", odoms.append,
+                              QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
+    player = subprocess.Popen([sys.executable, "-m", "csr_ros.cli", "replay", str(bag), "--play",
+                               "--rate", "10", "--loop", "--topics", "/odom"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_line(player, "from the start again")
+        wait_for(lambda: len(odoms) > in_bag, timeout_s=60.0, what="a second pass of /odom")
+        player.send_signal(signal.SIGINT)
+        out, err = player.communicate(timeout=30)
+    finally:
+        if player.poll() is None:
+            player.kill()
+    assert player.returncode == 0, err
+    assert "Traceback" not in err, err
+    assert len(odoms) > in_bag                 # more than one pass of the bag
