@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from csr_ros.servers import LOOPBACK, ManagedServer, free_port
-from llama_server import llama_server, llama_server_pair  # noqa: F401  (fixtures)
+from llama_server import fresh_llama_server, llama_server, llama_server_pair  # noqa: F401
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 openai = pytest.importorskip("openai")
@@ -341,3 +341,29 @@ def test_a_new_session_while_every_session_is_busy_gets_429_and_nothing_is_close
     finally:
         release.set()
         gateway.close()
+
+
+def test_a_dead_server_gets_503_keeps_the_messages_and_the_next_request_extends(
+        fresh_llama_server, tmp_path):  # noqa: F811
+    server = fresh_llama_server
+    with GatewayProcess((server.url, server.url), tmp_path / "gateway.log") as process:
+        history = [SYSTEM, {"role": "user", "content": "Go to the kitchen."}]
+        first = post(process, "/v1/chat/completions",
+                     {"messages": history, "max_tokens": 2}, session="fault")
+        assert first.status_code == 200, first.text
+        history += [{"role": "assistant", "content": "go_to(kitchen)"},
+                    {"role": "user", "content": "Arrived. What now?"}]
+        server.kill()
+        failed = post(process, "/v1/chat/completions",
+                      {"messages": history, "max_tokens": 2}, session="fault")
+        assert failed.status_code == 503, failed.text
+        error = failed.json()["error"]
+        assert error["type"] == "server_error" and "the messages are kept" in error["message"]
+        assert process.sessions()["fault"]["messages"] == 2
+        server.start()
+        again = post(process, "/v1/chat/completions",
+                     {"messages": history, "max_tokens": 2}, session="fault")
+        assert again.status_code == 200, again.text
+        csr = again.json()["csr"]
+        assert not csr["new_version"] and csr["held"] == 2 and csr["appended"] == 0
+        assert process.sessions()["fault"]["new_versions"] == 0
