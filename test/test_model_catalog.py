@@ -151,3 +151,25 @@ def test_serve_llamacpp_names_a_catalog_model_after_itself_by_default(tmp_path, 
     command = capsys.readouterr().out.split()
     assert command[command.index("--model") + 1] == str(path)
     assert command[command.index("--model-alias") + 1] == "tiny-model"
+
+
+def test_model_list_says_prepared_only_for_a_checked_join(tmp_path, cache, monkeypatch, capsys):
+    import argparse
+
+    from csr_ros.tools import model as model_tool
+
+    entry = _wheels(tmp_path / "wheels", PARTS)
+    monkeypatch.setitem(CATALOG, entry.name, entry)
+    parser = argparse.ArgumentParser()
+    model_tool.add_arguments(parser)
+
+    def listed() -> str:
+        assert model_tool.run(parser.parse_args(["list"])) == 0
+        return next(line for line in capsys.readouterr().out.splitlines()
+                    if line.startswith("tiny-model "))
+
+    assert listed().endswith("not prepared")
+    path = join_catalog_parts(entry, wheel_dir=tmp_path / "wheels")
+    assert listed().endswith(" prepared") and not listed().endswith("not prepared")
+    path.write_bytes(b"something else")
+    assert listed().endswith("not prepared")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from csr_ros.errors import ConfigError
 from csr_ros.model_catalog import CATALOG
-from csr_ros.model_store import (DEFAULT_MODEL, catalog_gguf_path, model_fingerprint,
+from csr_ros.model_store import (DEFAULT_MODEL, catalog_is_prepared, model_fingerprint,
                                  prepare_catalog_model, resolve_gguf, resolve_model_dir)
 
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.action == "list":
         for entry in CATALOG.values():
-            prepared = "prepared" if catalog_gguf_path(entry).is_file() else "not prepared"
+            prepared = "prepared" if catalog_is_prepared(entry) else "not prepared"
             print(f"{entry.name}  {entry.upstream} {entry.quantization}  "
                   f"{entry.size_bytes / 1e6:.0f} MB in {len(entry.parts)} wheels  {prepared}")
         return 0
