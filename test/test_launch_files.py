@@ -286,6 +286,8 @@ def test_robot_and_server_launch_on_shared_llama_cpp_servers_complete_every_deci
         assert not incomplete, incomplete
         assert not invalid, invalid
         assert len(decisions) >= 12, robot.output
+        # a stream the server cut is a failed query now, never published: none either
+        assert "query failed" not in robot.output, robot.output
         assert {d.version for d in decisions} and max(d.last_seq for d in decisions) > 0
         for name, run in (("robot", robot), ("server", server)):
             started_s = time.monotonic()
