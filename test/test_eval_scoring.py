@@ -193,3 +193,21 @@ def test_without_a_judge_the_report_leaves_the_judge_empty_and_says_so(tmp_path,
     assert all(row["judge"] is None and row["f1"] is not None for row in report["methods"])
     assert all(q["judge"] is None for q in report["questions"])
     assert "No judge ran" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_local_judge_named_by_judge_model_scores_the_open_answers_after_the_run(tmp_path):
+    from csr_ros.cli import main
+
+    argv = _ama_args(tmp_path, "--judge-model", "smollm2", "--judge-self",
+                     "--judge-max-tokens", "4")
+    argv[argv.index("csr,none")] = "none"
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "e.json").read_text())
+    assert report["meta"]["judge"] == "smollm2 (local engine)"
+    (row,) = report["methods"]
+    assert row["judge"] is not None and row["n_open"] == 3
+    for q in report["questions"]:
+        assert q["judge"] == read_verdict(q["judge_reply"], prediction=q["prediction"],
+                                          reference=q["answer"]).score
+    assert "Open answers judged by smollm2 (local engine)" in (tmp_path / "e.md").read_text()
