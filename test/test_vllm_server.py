@@ -17,7 +17,7 @@ import pytest
 
 from csr_ros.actions import Vocabulary
 from csr_ros.errors import ResourceUnavailableError
-from csr_ros.eval.scoring import score_choices_local
+from csr_ros.eval.scoring import ask, score_choices_local
 from csr_ros.layout import Layout
 from csr_ros.resources.openai import OpenAIResource
 from csr_ros.resources.remote_tokenizer import RemoteTokenizer
@@ -136,9 +136,13 @@ def test_vllm_scores_choices_from_its_cache_as_the_local_engine_does(vllm_server
         # reports the last prompt's count, and a request that skipped the cache reports 0.
         assert resource.last_choice_cached_tokens is not None
         assert resource.last_choice_cached_tokens >= _cached_floor(len(prompt))
+        answer = ask(resource, request, choices=choices)     # what `csr-ros eval` calls
         local = SimpleNamespace(engine=smollm2, name="local")
         choice_ids = [list(smollm2.tokenizer.encode_data(c)) for c in choices]
         _, _, expected = score_choices_local(local, request, choice_ids)
+    means = [sum(e) / len(e) for e in expected]
+    assert answer.prediction == choices[max(range(len(choices)), key=means.__getitem__)]
+    assert answer.choice_scores == pytest.approx(means, abs=2e-3)
     assert [len(s) for s in served] == [len(e) for e in expected]
     for got, want in zip(served, expected):
         assert got == pytest.approx(want, abs=2e-3)     # float32 both; kernels differ
