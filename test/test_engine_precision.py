@@ -10,12 +10,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from csr_ros.engine import LocalEngine, precision  # noqa: E402
+from csr_ros.engine import LocalEngine, lean, precision  # noqa: E402
 from csr_ros.errors import CapsuleMismatchError, ConfigError  # noqa: E402
 
 # Every precision the engine offers on a CPU: (dtype, decode weights).
 PRECISIONS = [("float32", "float"), ("bfloat16", "float"), ("float16", "float"),
-              ("bfloat16", "int8"), ("bfloat16", "int4")]
+              ("bfloat16", "int8"), ("bfloat16", "int4")] + \
+    ([("float32", "fp16")] if lean.fp16_available() else [])      # fbgemm: x86 builds
 PROMPT = [(i * 37 + 11) % 256 for i in range(300)]
 
 
@@ -116,14 +117,23 @@ def test_quantized_decode_weights_need_bfloat16_activations(tiny_llama_model):
         _tiny(tiny_llama_model, dtype="float32", decode_weights="int4")
     with pytest.raises(ConfigError, match="decode_weights must be one of"):
         _tiny(tiny_llama_model, decode_weights="int3")
+    with pytest.raises(ConfigError, match="float32 activations"):
+        _tiny(tiny_llama_model, dtype="bfloat16", decode_weights="fp16")
 
 
-def test_auto_picks_bf16_with_int4_decode_exactly_where_the_cpu_has_native_bf16(tiny_llama_model):
+def test_auto_picks_bf16_with_int4_decode_where_the_cpu_has_native_bf16_else_fp16_decode(
+        tiny_llama_model):
     engine = _tiny(tiny_llama_model, dtype="auto")
     if precision.native_bf16():
         assert engine.precision == "torch.bfloat16+int4-decode"
+    elif lean.fp16_available():
+        assert engine.precision == "torch.float32+fp16-decode"
     else:
         assert engine.precision == "torch.float32"
+    assert precision.choose_backend("cpu", "auto") == (
+        "torch" if precision.native_bf16() or lean.fp16_available()
+        else "llamacpp" if precision.llamacpp_available() else "torch")
+    assert precision.choose_backend("cpu", "float32") == "torch"
     facts = precision.describe()
     assert facts["native_bf16"] == precision.native_bf16()
     assert facts["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
@@ -134,7 +144,8 @@ def test_auto_picks_bf16_with_int4_decode_exactly_where_the_cpu_has_native_bf16(
 # one token at a time (so decode steps use the decode weights). Measured on SmolLM2 over 120
 # positions of README text; the bounds sit below the measured values (see docs/engine.md).
 AGREEMENT_FLOOR = {("bfloat16", "float"): 0.9, ("bfloat16", "int8"): 0.88,
-                   ("bfloat16", "int4"): 0.88}
+                   ("bfloat16", "int4"): 0.88,
+                   **({("float32", "fp16"): 0.95} if lean.fp16_available() else {})}
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,9 @@ Decode steps may run weight-only quantized copies kept next to the float model:
     "int4"   groups of 32 along the input, asymmetric (scale and zero per group: the layout of the
              GGUF Q4_1 the embedded model ships in), bf16 activations
              (torch._weight_int4pack_mm_for_cpu)
+    "fp16"   half-precision copies, float32 activations and accumulation (fbgemm's fp16 GEMM,
+             x86 with AVX2 and F16C: `fp16_available`): half the bytes a float32 decode step
+             reads, for CPUs without native bf16
 
 Transformers' forward stays available (`forward="transformers"`) and is what hybrid and other
 architectures run.
@@ -38,7 +41,7 @@ import torch.nn.functional as F
 
 from csr_ros.errors import ConfigError
 
-WEIGHT_FORMATS = ("float", "int8", "int4")
+WEIGHT_FORMATS = ("float", "int8", "int4", "fp16")
 INT4_GROUP_SIZE = 32
 # Blocks of at most this many decode tokens (a sampled token and the tokens a grammar forces
 # after it) may run the decode weights: the weight-only kernels stay faster than float matmuls
@@ -86,6 +89,9 @@ class _Linear:
             self.op, self.args = torch._weight_int8pack_mm, (q, scale.to(dtype))
         elif fmt == "int4":
             self.op, self.args = _int4_mm, _pack_int4(weight.float(), INT4_GROUP_SIZE)
+        elif fmt == "fp16":
+            packed = torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous(), None)
+            self.op, self.args = torch.ops.quantized.linear_dynamic_fp16, (packed,)
         else:
             raise ConfigError(f"weight format must be one of {WEIGHT_FORMATS}, got {fmt!r}")
         self.bias = None if bias is None else bias.to(dtype)
@@ -93,6 +99,11 @@ class _Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self.op(x, *self.args)
         return y if self.bias is None else y + self.bias
+
+
+def fp16_available() -> bool:
+    """fbgemm's fp16-weight GEMM is in this torch build (x86 builds; not on ARM)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
 
 
 def _int4_mm(x: torch.Tensor, packed: torch.Tensor, group_size: int,
@@ -138,9 +149,15 @@ class LeanLlama:
         if step_weights not in WEIGHT_FORMATS:
             msg = f"weight format must be one of {WEIGHT_FORMATS}, got {step_weights!r}"
             raise ConfigError(msg)
-        if step_weights != "float" and (dtype != torch.bfloat16 or device.type != "cpu"):
+        if step_weights in ("int8", "int4") and (dtype != torch.bfloat16 or device.type != "cpu"):
             msg = (f"{step_weights} decode weights run on CPU with bfloat16 activations, not "
                    f"{dtype} on {device}")
+            raise ConfigError(msg)
+        if step_weights == "fp16" and (dtype != torch.float32 or device.type != "cpu"
+                                       or not fp16_available()):
+            msg = (f"fp16 decode weights run on an x86 CPU (fbgemm) with float32 activations, "
+                   f"not {dtype} on {device}"
+                   + ("" if fp16_available() else " (fbgemm is not in this torch build)"))
             raise ConfigError(msg)
         config, inner = model.config, model.model
         self.step_weights, self.dtype = step_weights, dtype

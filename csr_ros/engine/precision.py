@@ -6,16 +6,19 @@ they find; this module only decides which of them the engine asks for.
 
     native bf16 (AVX512-BF16 or AMX-BF16)   torch: bfloat16 activations, K/V and block
                                             matmuls; int4 weight-only decode steps
-    otherwise (AVX2 x86, ARM)               llama.cpp in process (`choose_backend`): the
-                                            GGUF's own quantized weights on llama.cpp's AVX2 /
-                                            NEON kernels; torch float32 where llama-cpp-python
-                                            is not installed
+    x86 without it (AVX2)                   torch: float32 activations, K/V and block
+                                            matmuls; fp16 weight copies for decode steps
+                                            (fbgemm's fp16 GEMM, half the bytes per token)
+    otherwise (ARM)                         llama.cpp in process (`choose_backend`): the GGUF's
+                                            own quantized weights on its NEON kernels; torch
+                                            float32 where llama-cpp-python is not installed
 
 The int4/int8 weight-only kernels are fast only with bf16 activations, and bf16 matmuls are fast
-only where the CPU has bf16 instructions. Without them (measured on an AVX2-only AMD EPYC, one
-576x1536 matmul of a decode step: float32 0.2 ms, int8 with float32 activations 3.9 ms, int8 and
-int4 with bf16 activations 0.45 ms, fbgemm dynamic int8 0.36-0.44 ms) no torch kernel beats
-float32, which reads four times the bytes of llama.cpp's 4-bit weights per token.
+only where the CPU has bf16 instructions. Without them (an AVX2-only AMD EPYC, a decode step's
+matmuls, 2 threads: int8 with float32 activations 20-50x slower than float32, int8 and int4 with
+bf16 activations 2x slower) fbgemm's fp16-weight GEMM is the one torch kernel that beats float32
+for a decode step (2x on the matmuls, 1.8x on the whole step), and float32 stays the fastest for
+prefill and queries. docs/engine.md has the figures against llama.cpp.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+
+from csr_ros.engine import lean
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -56,6 +61,8 @@ def choose(device: torch.device) -> tuple[torch.dtype, str]:
         return torch.bfloat16, "float"
     if device.type == "cpu" and native_bf16():
         return torch.bfloat16, "int4"
+    if device.type == "cpu" and lean.fp16_available():
+        return torch.float32, "fp16"
     return torch.float32, "float"
 
 
@@ -65,11 +72,12 @@ def llamacpp_available() -> bool:
 
 
 def choose_backend(device: str = "cpu", dtype=None) -> str:
-    """The local engine `dtype="auto"` runs on: "llamacpp" (the GGUF on llama.cpp's kernels, in
-    process) on a CPU without native bf16, where torch can only run float32 (its weight-only
-    int8/int4 kernels need bf16 activations to be fast), else "torch". Any other dtype asks for
-    the torch engine."""
-    if dtype != "auto" or torch.device(device).type != "cpu" or native_bf16():
+    """The local engine `dtype="auto"` runs on: "torch" where it has fast kernels (native bf16,
+    or x86 with fbgemm's fp16 GEMM for decode steps: its float32 prefill and CSR queries beat
+    llama.cpp's there, docs/engine.md), else "llamacpp" (the GGUF on llama.cpp's NEON kernels
+    on ARM, in process) where llama-cpp-python is installed. Any other dtype asks for torch."""
+    if dtype != "auto" or torch.device(device).type != "cpu" or native_bf16() \
+            or lean.fp16_available():
         return "torch"
     return "llamacpp" if llamacpp_available() else "torch"
 
