@@ -141,8 +141,9 @@ def format_table(rows: Sequence[dict], summary: dict) -> str:
             if r["method"] in ("csr", "unordered")}
     prefill = {(r["resource"], r["n"]): r for r in rows if r["method"] == "prefill"}
     keys = sorted({(res, n, m) for res, n, m, _ in ttft})
+    w = max([10] + [len(r["resource"]) for r in rows])      # the resource column
     if keys:
-        lines.append(f"{'resource':<10} {'N':>6} {'M':>5}  {'CSR TTFT s (min-max)':<26}"
+        lines.append(f"{'resource':<{w}} {'N':>6} {'M':>5}  {'CSR TTFT s (min-max)':<26}"
                      f"{'unordered TTFT s (min-max)':<28}{'speed-up':>9}  {'cold prefill N s':>16}"
                      f"{'decode tok/s':>14}")
         for res, n, m in keys:
@@ -151,7 +152,7 @@ def format_table(rows: Sequence[dict], summary: dict) -> str:
                      if csr and unordered and csr["ttft_median_s"] > 0 else "-")
             cold = prefill.get((res, n)) or {}
             seconds, decode = cold.get("seconds"), cold.get("decode_tokens_per_s")
-            lines.append(f"{res:<10} {n:>6} {m:>5}  {_cell(csr, 'ttft'):<26}"
+            lines.append(f"{res:<{w}} {n:>6} {m:>5}  {_cell(csr, 'ttft'):<26}"
                          f"{_cell(unordered, 'ttft'):<28}{ratio:>9}  "
                          f"{'-' if seconds is None else f'{seconds:.3f}':>16}"
                          f"{'-' if decode is None else f'{decode:.1f}':>14}")
@@ -159,10 +160,10 @@ def format_table(rows: Sequence[dict], summary: dict) -> str:
                       key=lambda r: (r["resource"], r["n"]))
     if capsules:
         lines.append("")
-        lines.append(f"{'resource':<10} {'N':>6}  {'snapshot ms':<22}{'restore ms':<22}"
+        lines.append(f"{'resource':<{w}} {'N':>6}  {'snapshot ms':<22}{'restore ms':<22}"
                      f"{'restore+copy ms':<22}{'K/V MiB':>8}")
         for r in capsules:
-            lines.append(f"{r['resource']:<10} {r['n']:>6}  {_cell(r, 'snapshot', 1e3):<22}"
+            lines.append(f"{r['resource']:<{w}} {r['n']:>6}  {_cell(r, 'snapshot', 1e3):<22}"
                          f"{_cell(r, 'restore', 1e3):<22}{_cell(r, 'restore_copy', 1e3):<22}"
                          f"{r['capsule_kv_bytes'] / 2**20:>8.1f}")
     pairs = summary.get("side_by_side") or ()
@@ -172,11 +173,14 @@ def format_table(rows: Sequence[dict], summary: dict) -> str:
         ratio_keys = [f"{names[0]}_over_{other}" for other in names[1:]]
         lines.append("")
         lines.append(f"{'side by side':<22}{'N':>6}{'M':>5}"
-                     + "".join(f"{name:>12}" for name in names)
-                     + "".join(f"{key.replace('_over_', '/'):>16}" for key in ratio_keys))
+                     + "".join(f"{name:>{max(12, len(name) + 2)}}" for name in names)
+                     + "".join(f"{key.replace('_over_', '/'):>{max(16, len(key))}}"
+                               for key in ratio_keys))
         for p in pairs:
-            cells = "".join(f"{_num(p['values'].get(name)):>12}" for name in names)
-            ratios = "".join(f"{_num(p.get(key), 2):>16}" for key in ratio_keys)
+            cells = "".join(f"{_num(p['values'].get(name)):>{max(12, len(name) + 2)}}"
+                            for name in names)
+            ratios = "".join(f"{_num(p.get(key), 2):>{max(16, len(key))}}"
+                             for key in ratio_keys)
             lines.append(f"{p['figure']:<22}{p['n']:>6}{'-' if p['m'] is None else p['m']:>5}"
                          f"{cells}{ratios}")
     for g in summary.get("capsule_restore_growth", ()):

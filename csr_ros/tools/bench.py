@@ -58,10 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of the local engine")
     parser.add_argument("--device", default="cpu", help="local engine device: cpu, cuda, cuda:1")
-    parser.add_argument("--backend", default="torch", choices=("torch", "llamacpp"),
-                        help="local engine: torch (transformers' weights) or llamacpp (the GGUF "
-                             "on llama.cpp in process; --dtype/--forward/--decode-weights are "
-                             "torch's)")
+    parser.add_argument("--backend", default="auto",
+                        help="local engine(s), comma-separated: auto (default: what dtype auto "
+                             "picks on this CPU), torch (transformers' weights), llamacpp (the "
+                             "GGUF on llama.cpp in process; --dtype/--forward/--decode-weights "
+                             "are torch's). Several run side by side as local, local-<backend>")
     parser.add_argument("--dtype", default="auto",
                         help="local engine dtype: auto (default: the fastest this machine offers, "
                              "e.g. bfloat16 with int4 decode weights on a CPU with native bf16), "
@@ -83,6 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     kinds = [k.strip() for k in args.resource.split(",") if k.strip()]
+    backends = _backends(args.backend)
+    if "local" in kinds:          # each local backend after the first is a resource of its own
+        at = kinds.index("local") + 1
+        kinds[at:at] = [f"local-{b}" for b in backends[1:]]
     ns, ms = _int_list(args.n, "--n"), _int_list(args.m, "--m")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
@@ -362,33 +367,43 @@ class PromptMaker:
 def _make(kind: str, args: argparse.Namespace):
     from csr_ros.resources.factory import make_resource
 
-    if kind == "local":
-        options = dict(model=args.model, name="local", threads=args.threads,
+    if kind == "local" or kind.startswith("local-"):
+        backend = _backends(args.backend)[0] if kind == "local" else kind[len("local-"):]
+        options = dict(model=args.model, name=kind, threads=args.threads,
                        device=args.device, dtype=args.dtype, forward=args.forward,
                        decode_weights=args.decode_weights, decode_threads=args.decode_threads)
-        return make_resource("local", **{**options, **_backend_options(args)})
+        return make_resource("local", **{**options, **_backend_options(backend, args.dtype)})
     if kind == "openai":
         return make_resource("openai", url=args.url, name="openai",
                              model_dir=resolve_model_dir(args.model, weights=False))
     return make_resource(kind)      # raises ConfigError naming the known kinds
 
 
-def _backend_options(args: argparse.Namespace) -> dict:
-    """The llama.cpp backend takes no torch settings (its dtype is the GGUF's)."""
-    if getattr(args, "backend", "torch") != "llamacpp":
-        return {}
+def _backends(text: str) -> list[str]:
+    backends = [b.strip() for b in text.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in ("auto", "torch", "llamacpp")]
+    if not backends or unknown:
+        raise ConfigError(f"--backend takes auto, torch, llamacpp (comma-separated), got {text!r}")
+    return backends
+
+
+def _backend_options(backend: str, dtype: str) -> dict:
+    """The llama.cpp backend takes no torch settings (its dtype is the GGUF's); auto is
+    resolved by the resource (`precision.choose_backend`)."""
+    if backend != "llamacpp":
+        return {"backend": backend}
     return {"backend": "llamacpp", "dtype": None, "forward": "auto", "decode_weights": "auto"}
 
 
 def _meta(args, kinds, ns, ms, seconds: float) -> dict:
     meta = {"resources": kinds, "model": args.model, "n": ns, "m": ms, "repeats": args.repeats,
             "max_new_tokens": args.max_new_tokens, "threads": args.threads, "device": args.device,
-            "dtype": args.dtype, "backend": getattr(args, "backend", "torch"), "url": args.url,
+            "dtype": args.dtype, "backend": args.backend, "url": args.url,
             "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "platform": platform.platform(), "python": platform.python_version(),
             "cpu_count": os.cpu_count(), "wall_s": seconds,
             "argv": sys.argv[1:]}
-    if "local" in kinds:
+    if any(k == "local" or k.startswith("local-") for k in kinds):
         import torch
         import transformers
 
