@@ -36,4 +36,5 @@ def test_the_demo_decodes_typed_actions_on_local_engines_by_default(tmp_path):
     _check_typed(summary, "auto")
     # More actions than `auto` scores in one pass once objects are seen: grammar decoding.
     assert summary["mask_s_per_token"] > 0
-    assert summary["precision"].startswith("torch.")     # what dtype="auto" chose here
+    # what dtype="auto" chose here: torch on a CPU with native bf16, llama.cpp without
+    assert summary["precision"].startswith(("torch.", "llama.cpp "))

@@ -120,6 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="local engine precision: auto (default: bf16 with int4 decode weights "
                           "where the CPU computes bf16 natively, else float32), float32, "
                           "bfloat16")
+    res.add_argument("--backend", choices=["auto", "torch", "llamacpp"], default="auto",
+                     help="local engine: auto (default: with --dtype auto, llama.cpp in process "
+                          "on a CPU without native bf16, else torch), torch, llamacpp")
     res.add_argument("--max-context-tokens", type=int, default=d["max_context_tokens"])
     res.add_argument("--r1", help="openai: URL of the primary server")
     res.add_argument("--r2", help="openai: URL of the secondary server (the tokenizer and the "
@@ -275,7 +278,7 @@ def _make_resources(args: argparse.Namespace, n: int) -> list:
         try:
             made[name] = ProcessResource("local", name=name, model=args.model,
                                          threads=args.threads or min(2, _n_cpus()),
-                                         dtype=args.dtype,
+                                         dtype=args.dtype, backend=args.backend,
                                          background_threads=args.background_threads,
                                          max_context_tokens=args.max_context_tokens)
         except BaseException as exc:
@@ -583,7 +586,8 @@ def format_report(s: dict) -> str:
         return "-" if v is None else f"{v * 1000:.0f} ms"
 
     lines = [
-        f"csr-ros demo ({s['mode']}, {s['resource']} {s['model']}, seed {s['seed']}): "
+        f"csr-ros demo ({s['mode']}, {s['resource']} {s['model']}"
+        f"{'' if not s.get('precision') else ' on ' + s['precision']}, seed {s['seed']}): "
         f"{s['duration_s']:.0f} s, tau_mem {s['tau_mem_tokens']} tokens",
         f"  cycles {s['cycles']}  swaps {s['swaps']}  sync evictions {s['sync_evictions']}  "
         f"fallbacks {s['fallbacks']}  retries {s['retries']}  failovers {s['failovers']}",
