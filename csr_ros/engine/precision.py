@@ -15,10 +15,10 @@ they find; this module only decides which of them the engine asks for.
 
 The int4/int8 weight-only kernels are fast only with bf16 activations, and bf16 matmuls are fast
 only where the CPU has bf16 instructions. Without them (an AVX2-only AMD EPYC, a decode step's
-matmuls, 2 threads: int8 with float32 activations 20-50x slower than float32, int8 and int4 with
-bf16 activations 2x slower) fbgemm's fp16-weight GEMM is the one torch kernel that beats float32
-for a decode step (2x on the matmuls, 1.8x on the whole step), and float32 stays the fastest for
-prefill and queries. docs/engine.md has the figures against llama.cpp.
+matmuls, 2 threads: int8 with float32 activations about 20x slower than float32, int8 and int4
+with bf16 activations 2x slower) fbgemm's fp16-weight GEMM beats float32 for a decode step
+(2x on the matmuls, 1.8x on the whole step) without quantizing the activations, and float32
+stays the fastest for prefill and queries. docs/engine.md has the figures against llama.cpp.
 """
 
 from __future__ import annotations
