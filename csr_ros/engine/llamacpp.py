@@ -45,7 +45,8 @@ import numpy as np
 
 from csr_ros.engine.capsule import FORMAT as TORCH_CAPSULE_FORMAT
 from csr_ros.engine.capsule import mismatch_message
-from csr_ros.engine.engine import ExtendResult, Generation, OptionScores, _eos_ids, _trie
+from csr_ros.engine.engine import (ExtendResult, Generation, LocalEngine, OptionScores, _eos_ids,
+                                   _trie)
 from csr_ros.errors import (CapsuleError, CapsuleMismatchError, ConfigError, ContextOverflowError,
                             ResourceError, StaleCapsuleError)
 
@@ -223,6 +224,12 @@ class LlamaCppEngine:
     time (as `LocalEngine`)."""
 
     forward_kind = "llama.cpp"
+    # Id and room checks and the stop rules of a decode are LocalEngine's own: they read only
+    # `tokenizer`, `vocab_size` and `max_context_tokens`, which this engine has too.
+    _check_ids = LocalEngine._check_ids
+    _check_room = LocalEngine._check_room
+    _take_forced = LocalEngine._take_forced
+    _finished = LocalEngine._finished
 
     def __init__(self, model="smollm2", *, threads: int | None = None,
                  decode_threads: int | None = None, max_context_tokens: int | None = None,
@@ -574,34 +581,6 @@ class LlamaCppEngine:
                 rows[start + i] = np.ctypeslib.as_array(pointer, shape=(self.vocab_size,)).copy()
         return rows
 
-    def _take_forced(self, tokens: list[int], constraint, eos: frozenset,
-                     stop: tuple[str, ...], max_new_tokens: int) -> tuple[str, str | None]:
-        forced = getattr(constraint, "forced", None)
-        text, finish = "", None
-        for token in (forced() if forced is not None else ()):
-            tokens.append(int(token))
-            text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
-            if finish is not None:
-                break
-        return text, finish
-
-    def _finished(self, tokens: list[int], eos: frozenset, stop: tuple[str, ...],
-                  max_new_tokens: int, constraint=None) -> tuple[str, str | None]:
-        """(text so far, finish reason or None to go on), as LocalEngine's."""
-        ended = tokens[-1] in eos
-        complete = constraint is not None and not ended and constraint.accept(tokens[-1])
-        body = tokens[:-1] if ended else tokens
-        text = self.tokenizer.decode(body)
-        if stop:
-            cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
-            if cut >= 0:
-                return text[:cut], "stop"
-        if ended or complete:
-            return text, "stop"
-        if len(tokens) >= max_new_tokens:
-            return text, "length"
-        return text, None
-
     # -- capsules -----------------------------------------------------------------------------
 
     def snapshot(self) -> LlamaCppCapsule:
@@ -758,27 +737,6 @@ class LlamaCppEngine:
                                     False, special)
         assert n >= 0, f"llama_tokenize needed {-n} tokens"
         return list(buffer[:n])
-
-    def _check_ids(self, ids: Sequence[int], what: str, *, allow_empty: bool) -> list[int]:
-        try:
-            ids = [int(i) for i in ids]
-        except (TypeError, ValueError):
-            raise ConfigError(f"{what} must be a sequence of integer token ids") from None
-        if not ids and not allow_empty:
-            raise ConfigError(f"{what} is empty: pass at least one token id")
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            msg = (f"{what} holds {len(bad)} id(s) outside the vocabulary [0, {self.vocab_size}), "
-                   f"first {bad[0]}: tokenize with this model's tokenizer")
-            raise ConfigError(msg)
-        return ids
-
-    def _check_room(self, n_new: int, n_base: int, what: str) -> None:
-        if n_base + n_new > self.max_context_tokens:
-            msg = (f"{what} needs {n_base} + {n_new} = {n_base + n_new} tokens of context, more "
-                   f"than max_context_tokens={self.max_context_tokens}; nothing was computed "
-                   "(evict old chunks, or lower max_new_tokens)")
-            raise ContextOverflowError(msg)
 
     def close(self) -> None:
         """Free the context (and the model, unless a fork still uses it)."""

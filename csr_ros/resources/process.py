@@ -260,6 +260,31 @@ class ProcessResource:
         return f"ProcessResource({self.kind!r}, name={self.name!r}, pid={self.pid})"
 
 
+def start_side_by_side(names: Sequence[str], kind: str = "local",
+                       **options) -> list[ProcessResource]:
+    """One ProcessResource per name, started at once (their models load side by side); if one
+    fails, the others are closed and its error is raised."""
+    made: dict[str, ProcessResource] = {}
+    errors: list[BaseException] = []
+
+    def start(name: str) -> None:
+        try:
+            made[name] = ProcessResource(kind, name=name, **options)
+        except BaseException as exc:
+            errors.append(exc)
+
+    starters = [threading.Thread(target=start, args=(name,)) for name in names]
+    for thread in starters:
+        thread.start()
+    for thread in starters:
+        thread.join()
+    if errors:
+        for resource in made.values():
+            resource.close()
+        raise errors[0]
+    return [made[name] for name in names]
+
+
 def _child_main(conn, kind: str, options: dict) -> None:
     threads = options.get("threads")
     if threads:

@@ -269,31 +269,12 @@ def _make_resources(args: argparse.Namespace, n: int) -> list:
                               max_context_tokens=args.max_context_tokens,
                               tau_mem_tokens=args.tau_mem)
                 for url, name in zip(urls, names)]
-    from csr_ros.resources.process import ProcessResource
+    from csr_ros.resources.process import start_side_by_side
 
-    made: dict[str, object] = {}
-    errors: list[BaseException] = []
-
-    def start(name: str) -> None:
-        try:
-            made[name] = ProcessResource("local", name=name, model=args.model,
-                                         threads=args.threads or min(2, _n_cpus()),
-                                         dtype=args.dtype, backend=args.backend,
-                                         background_threads=args.background_threads,
-                                         max_context_tokens=args.max_context_tokens)
-        except BaseException as exc:
-            errors.append(exc)
-
-    starters = [threading.Thread(target=start, args=(name,)) for name in names]
-    for thread in starters:
-        thread.start()
-    for thread in starters:
-        thread.join()
-    if errors:
-        for resource in made.values():
-            resource.close()
-        raise errors[0]
-    return [made[name] for name in names]
+    return start_side_by_side(names, "local", model=args.model,
+                              threads=args.threads or min(2, _n_cpus()), dtype=args.dtype,
+                              backend=args.backend, background_threads=args.background_threads,
+                              max_context_tokens=args.max_context_tokens)
 
 
 def _produce(rec: Reconciler, episode: Episode, r: _Run, started_s: float,

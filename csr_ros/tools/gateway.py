@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 
 from csr_ros.errors import ConfigError
@@ -100,35 +99,18 @@ def backend_factory(args: argparse.Namespace):
             return Backend(resources, resources[0].tokenizer, resources[0].state_mode)
 
         return openai_backend
-    from csr_ros.resources.process import ProcessResource
+    from csr_ros.resources.process import start_side_by_side
     from csr_ros.tokenizer import HFTokenizer
 
     tokenizer = HFTokenizer(model_dir)
     threads = args.threads or min(2, os.cpu_count() or 1)
 
     def local_backend(key: str) -> Backend:
-        made: dict[str, ProcessResource] = {}
-        errors: list[BaseException] = []
-
-        def start(name: str) -> None:      # the two children load their models side by side
-            try:
-                made[name] = ProcessResource("local", name=name, model=args.model,
-                                             threads=threads, dtype=args.dtype,
-                                             background_threads=args.background_threads,
-                                             max_context_tokens=args.max_context_tokens)
-            except BaseException as exc:
-                errors.append(exc)
-
-        starters = [threading.Thread(target=start, args=(name,)) for name in ("r1", "r2")]
-        for thread in starters:
-            thread.start()
-        for thread in starters:
-            thread.join()
-        if errors:
-            for resource in made.values():
-                resource.close()
-            raise errors[0]
-        return Backend([made["r1"], made["r2"]], tokenizer, "token")
+        resources = start_side_by_side(("r1", "r2"), "local", model=args.model,
+                                       threads=threads, dtype=args.dtype,
+                                       background_threads=args.background_threads,
+                                       max_context_tokens=args.max_context_tokens)
+        return Backend(resources, tokenizer, "token")
 
     return local_backend
 
