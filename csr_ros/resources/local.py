@@ -30,16 +30,19 @@ class LocalResource:
                  device: str = "cpu", max_context_tokens: int | None = None,
                  dtype: str | None = None, prefill_chunk_tokens: int = 512,
                  forward: str = "auto", decode_weights: str = "auto",
-                 decode_threads: int | None = None, backend: str = "torch"):
+                 decode_threads: int | None = None, backend: str = "auto"):
         """`backend`: "torch" (LocalEngine: transformers' weights, capsules on every model),
         "llamacpp" (LlamaCppEngine: the GGUF on llama.cpp's kernels, in process; `dtype`,
         `forward` and `decode_weights` are the torch engine's and stay at their defaults), or
-        "auto" (`precision.choose_backend(device, dtype)`)."""
+        "auto" (the default: `precision.choose_backend(device, dtype)`, torch unless
+        dtype="auto" on a CPU where llama.cpp is the fast engine; torch whenever `forward` or
+        `decode_weights` asks for something of its own)."""
         self.name = name
         if backend == "auto":
             from csr_ros.engine import precision
 
-            backend = precision.choose_backend(device, dtype)
+            backend = (precision.choose_backend(device, dtype)
+                       if forward == "auto" and decode_weights == "auto" else "torch")
         if backend == "llamacpp":
             _check_llamacpp_options(device=device, dtype=dtype, forward=forward,
                                     decode_weights=decode_weights)
