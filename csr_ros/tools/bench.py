@@ -45,7 +45,9 @@ OBJECTS = ("red_mug", "apple", "keys", "book", "phone", "towel")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resource", default="local",
                         help="resource kind(s), comma-separated: local, openai (default: local)")
-    parser.add_argument("--url", default=None, help="server URL for --resource openai")
+    parser.add_argument("--url", default=None,
+                        help="server URL(s) for --resource openai, comma-separated: several "
+                             "servers run side by side as openai, openai-2, ...")
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="'smollm2', a prepared catalog model (csr-ros model list) or a "
                              "local model directory (weights for local, tokenizer for every "
@@ -91,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
     ns, ms = _int_list(args.n, "--n"), _int_list(args.m, "--m")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    urls = [u.strip() for u in (args.url or "").split(",") if u.strip()]
+    if "openai" in kinds:          # each server after the first is a resource of its own
+        at = kinds.index("openai") + 1
+        kinds[at:at] = [f"openai-{i}" for i in range(2, len(urls) + 1)]
     if "openai" in kinds and not args.url:
         raise ConfigError("--resource openai needs --url (the server's base URL)")
     from csr_ros.layout import Layout
@@ -373,8 +379,10 @@ def _make(kind: str, args: argparse.Namespace):
                        device=args.device, dtype=args.dtype, forward=args.forward,
                        decode_weights=args.decode_weights, decode_threads=args.decode_threads)
         return make_resource("local", **{**options, **_backend_options(backend, args.dtype)})
-    if kind == "openai":
-        return make_resource("openai", url=args.url, name="openai",
+    if kind == "openai" or kind.startswith("openai-"):
+        urls = [u.strip() for u in args.url.split(",") if u.strip()]
+        url = urls[0] if kind == "openai" else urls[int(kind[len("openai-"):]) - 1]
+        return make_resource("openai", url=url, name=kind,
                              model_dir=resolve_model_dir(args.model, weights=False))
     return make_resource(kind)      # raises ConfigError naming the known kinds
 
