@@ -168,7 +168,6 @@ class LeanLlama:
         self.groups = self.n_heads // self.n_kv
         self.eps = float(config.rms_norm_eps)
         self.scale = self.head_dim ** -0.5
-        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         self.embed = inner.embed_tokens.weight
         self.norm = inner.norm.weight
         with torch.inference_mode():
