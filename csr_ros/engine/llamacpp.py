@@ -36,10 +36,9 @@ import os
 import threading
 import time
 import weakref
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -230,6 +229,8 @@ class LlamaCppEngine:
     _check_room = LocalEngine._check_room
     _take_forced = LocalEngine._take_forced
     _finished = LocalEngine._finished
+    scratch = LocalEngine.scratch              # snapshot, then restore it at the block's end
+    save_capsule = LocalEngine.save_capsule    # check it is ours, then capsule.save(path)
 
     def __init__(self, model="smollm2", *, threads: int | None = None,
                  decode_threads: int | None = None, max_context_tokens: int | None = None,
@@ -628,19 +629,6 @@ class LlamaCppEngine:
                                **self._settings)
         child.restore(self.snapshot())
         return child
-
-    @contextmanager
-    def scratch(self) -> Iterator[LlamaCppCapsule]:
-        """Run extends/queries in a block, then roll back to the state before it."""
-        capsule = self.snapshot()
-        try:
-            yield capsule
-        finally:
-            self.restore(capsule)
-
-    def save_capsule(self, capsule: LlamaCppCapsule, path: str | Path) -> Path:
-        self._check_capsule(capsule)
-        return capsule.save(path)
 
     def load_capsule(self, path: str | Path) -> LlamaCppCapsule:
         capsule = LlamaCppCapsule.load(path, expect_fingerprint=self.fingerprint)
