@@ -229,6 +229,7 @@ class LlamaCppEngine:
     _check_room = LocalEngine._check_room
     _take_forced = LocalEngine._take_forced
     _finished = LocalEngine._finished
+    load = LocalEngine.load                    # checks, reset(), then extend(): a cold prefill
     scratch = LocalEngine.scratch              # snapshot, then restore it at the block's end
     save_capsule = LocalEngine.save_capsule    # check it is ours, then capsule.save(path)
 
@@ -367,13 +368,6 @@ class LlamaCppEngine:
         self._free_released_slots()
         self.lib.llama_memory_seq_rm(self._mem, _COMMITTED, -1, -1)
         self._ids, self._last_logits = [], None
-
-    def load(self, token_ids: Sequence[int]) -> ExtendResult:
-        """Replace the committed run: reset, then prefill `token_ids` (a cold prefill)."""
-        ids = self._check_ids(token_ids, "token_ids", allow_empty=False)
-        self._check_room(len(ids), 0, "load")
-        self.reset()
-        return self.extend(ids)
 
     def extend(self, token_ids: Sequence[int]) -> ExtendResult:
         """Prefill only `token_ids` after the committed state and commit them."""
