@@ -39,9 +39,16 @@ from csr_ros.ros_params import QosChoice, SourceConfig, match_publishers
 from csr_ros.srv import GetChunks
 from csr_ros.state import Chunk, Seq
 
-SOURCE_DEPTH = 10            # per-source subscription queue; the emitter keeps the newest
-EVENT_DEPTH = 1000           # an event source's queue: a burst of events must not be dropped
+SOURCE_DEPTH = 10            # a sampled source's queue (period_s > 0): the emitter keeps the newest
+EVENT_DEPTH = 1000           # the queue of a source whose every message counts (an event source,
+                             # or period_s 0: text, results): a burst must not be dropped
 MAX_CHUNKS_PER_ANSWER = 2000
+
+
+def source_depth(source: SourceConfig) -> int:
+    """A sampled source may lose older messages in its queue (the emitter would replace them by
+    the newest anyway); a source that looks at every message may not, whatever it is called."""
+    return EVENT_DEPTH if source.emission.event or source.period_s == 0 else SOURCE_DEPTH
 
 
 class AggregatorNode(Node):
@@ -129,7 +136,7 @@ class AggregatorNode(Node):
 
     def _subscribe(self, source: SourceConfig) -> None:
         choice = self._publisher_qos(source.topic)
-        qos = QoSProfile(depth=EVENT_DEPTH if source.emission.event else SOURCE_DEPTH,
+        qos = QoSProfile(depth=source_depth(source),
                          reliability=ReliabilityPolicy.RELIABLE if choice.reliable
                          else ReliabilityPolicy.BEST_EFFORT,
                          durability=DurabilityPolicy.TRANSIENT_LOCAL if choice.transient_local
