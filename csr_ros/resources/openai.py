@@ -21,6 +21,18 @@ line, separate connect and read timeouts, connection pooling, and a maintained, 
 Only the synchronous client is used here. `trust_env=False` everywhere: a proxy variable in the
 environment must not reroute traffic meant for a server on this host.
 
+Behind a router (vllm-router, a pool of servers at one URL), `robot_id` gives every completion
+a routing key, the `X-Session-ID` header: `<robot_id>/<name>/<generation>`, where `name` is the
+resource's role (r1, r2) and `generation` counts the committed runs this object has started
+(each load() starts one: a new state version on this role). The router's `consistent_hash`
+policy reads that header first, before any body field, so every request about one committed
+run (its warm-up, its catch-ups, its queries) reaches one server, whose prefix cache holds it.
+A reconciliation's warm-up of the next version on the other role is a new key: it lands where
+the router puts that key, and after the swap the queries, sent with the same key, follow it.
+A header and not the body's `user` field, because the header changes nothing a server reads
+(the body stays byte for byte what it is without a router) and the router reads it without
+parsing the body. With robot_id "" no header is sent.
+
 Retries: only when the connection cannot be made (connect errors and connect/pool timeouts), with
 exponential backoff, because then the server provably never saw the request. A completion has no
 side effect beyond warming the server's cache, so a repeat would be harmless to the state, but a
@@ -57,6 +69,7 @@ DEFAULT_URL = "http://127.0.0.1:8001"
 API_KEY_ENV = "CSR_ROS_API_KEY"
 PROMPT_MODES = ("auto", "tokens", "text")
 TOKENIZER_CHOICES = ("local", "server")
+ROUTING_KEY_HEADER = "X-Session-ID"            # vllm-router consistent_hash: first key it reads
 TOKEN_PROMPT_SERVERS = ("vllm", "sglang")      # servers known to accept token-id prompts
 # How an output constraint travels (docs/openai_and_vllm.md): vLLM >= 0.10.2 reads
 # `structured_outputs` {choice | json | grammar}, older vLLM `guided_choice` / `guided_json` /
@@ -91,7 +104,7 @@ class OpenAIResource:
                  prefill_priority: int = 10, connect_timeout_s: float = 5.0,
                  read_timeout_s: float = 300.0, retries: int = 2, backoff_s: float = 0.5,
                  temperature: float = 0.0, seed: int | None = 0, extra_body: dict | None = None,
-                 structured_api: str = "auto",
+                 structured_api: str = "auto", robot_id: str = "",
                  check_health: bool = True, transport: httpx.BaseTransport | None = None):
         if prompt_mode not in PROMPT_MODES:
             raise ConfigError(f"prompt_mode must be one of {PROMPT_MODES}, got {prompt_mode!r}")
@@ -103,6 +116,12 @@ class OpenAIResource:
                               f"got {structured_api!r}")
         if retries < 0 or backoff_s < 0 or headroom_tokens < 0:
             raise ConfigError("retries, backoff_s and headroom_tokens must be >= 0")
+        if not isinstance(robot_id, str) or robot_id != robot_id.strip() or \
+                any(not (ch.isascii() and ch.isprintable()) for ch in robot_id):
+            raise ConfigError(f"robot_id must be printable ASCII without surrounding spaces "
+                              f"(it travels in an HTTP header), got {robot_id!r}")
+        self.robot_id = robot_id
+        self._generation = 0                        # committed runs started (load() calls)
         self.url = url.rstrip("/")
         self.name = name
         self.model = model
@@ -147,6 +166,13 @@ class OpenAIResource:
     def committed_ids(self) -> tuple[int, ...]:
         """What this client last prefilled (the server's cache is not visible to clients)."""
         return self._committed_ids
+
+    @property
+    def routing_key(self) -> str | None:
+        """The `X-Session-ID` this object sends now (None without a robot_id)."""
+        if not self.robot_id:
+            return None
+        return f"{self.robot_id}/{self.name}/{self._generation}"
 
     @property
     def state_mode(self) -> str:
@@ -250,6 +276,7 @@ class OpenAIResource:
         """Replace the committed run: prefill `ids` (or `text`, in text mode), decode nothing."""
         ids = tuple(ids)
         with self._lock:
+            self._generation += 1                   # a new committed run: a new routing key
             if not ids:
                 self._committed_ids, self._committed_text = (), ""
                 return PrefillResult(n_tokens=0, seconds=0.0, n_committed=0)
@@ -598,7 +625,10 @@ class OpenAIResource:
 
     def _send(self, body: dict, *, stream: bool) -> httpx.Response:
         """POST /v1/completions; retried only while no connection could be made."""
-        request = self._client.build_request("POST", "/v1/completions", json=body)
+        key = self.routing_key
+        headers = {ROUTING_KEY_HEADER: key} if key is not None else None
+        request = self._client.build_request("POST", "/v1/completions", json=body,
+                                             headers=headers)
         for attempt in range(self.retries + 1):
             try:
                 response = self._client.send(request, stream=stream)
