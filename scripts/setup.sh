@@ -131,6 +131,13 @@ if [[ $with_vllm == 1 ]]; then
       || { echo "vLLM does not import in .venv-vllm" >&2; exit 1; }
     echo "$VLLM_SPEC $TORCH_SPEC" > "$vstamp"
   fi
+  # vLLM's router in front of a pool of servers (`csr-ros fleet`, test/test_fleet_*.py): a
+  # Rust binary in an abi3 wheel whose deps (fastapi, aiohttp, uvicorn, orjson) vLLM already
+  # has, next to the servers it routes to; no torch.
+  if ! .venv-vllm/bin/python -c "import importlib.metadata as m; assert m.version('vllm-router') == '0.1.17'" 2>/dev/null; then
+    step "installing vllm-router==0.1.17 into .venv-vllm"
+    .venv-vllm/bin/python -m pip install --quiet vllm-router==0.1.17
+  fi
   touch .venv-vllm/COLCON_IGNORE   # a colcon build of this repository must not crawl it
 fi
 
