@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "check-params": ("check_params", "validate a parameters file of the ROS 2 nodes"),
     "eval": ("eval", "memory recall against decision latency: CSR, window, BM25, no memory"),
     "gateway": ("gateway", "an OpenAI-compatible HTTP front door over the reconciler"),
+    "fleet": ("fleet", "K robots on P servers behind vLLM's router, per routing policy"),
 }
 
 

@@ -4,6 +4,8 @@
   distribution inside and outside reconciliation windows (CSR paper, Fig. 6 and 7).
 - `plot_bench`: `csr-ros bench` rows: TTFT against N for CSR and the unordered baseline per
   resource and M (min-max as error bars), and capsule snapshot/restore times against N.
+- `plot_fleet`: `csr-ros fleet` runs: TTFT p99 and the prefix-cache hit ratio against the
+  robot count, per routing policy and server count.
 """
 
 from __future__ import annotations
@@ -147,6 +149,47 @@ def plot_bench(rows: list[dict], path: str | Path) -> Path:
     else:
         ax_capsule.text(0.5, 0.5, "no capsule rows\n(HTTP resources have none)",
                         ha="center", va="center", transform=ax_capsule.transAxes)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_fleet(runs: list[dict], path: str | Path) -> Path:
+    """`csr-ros fleet` runs: TTFT p99 and the prefix-cache hit ratio against the robot count K,
+    one line per (routing policy, server count)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    fig, (ax_ttft, ax_hit) = plt.subplots(1, 2, figsize=(12, 4.5))
+    series = sorted({(r["routing"], r["servers"]) for r in runs})
+    for routing, servers in series:
+        points = sorted((r["robots"], r["ttft_p99_s"], r["hit_ratio"]) for r in runs
+                        if (r["routing"], r["servers"]) == (routing, servers))
+        label = f"{routing}, P={servers}"
+        ttft = [(k, t) for k, t, _ in points if t is not None]
+        hits = [(k, h) for k, _, h in points if h is not None]
+        ax_ttft.plot([k for k, _ in ttft], [t for _, t in ttft], marker="o", label=label)
+        ax_hit.plot([k for k, _ in hits], [h for _, h in hits], marker="o", label=label)
+    ks = sorted({r["robots"] for r in runs})
+    for ax in (ax_ttft, ax_hit):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_ticks(ks)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("robots K")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    ax_ttft.set_ylabel("TTFT p99 [s]")
+    ax_ttft.set_title("TTFT p99 of the robots' decisions")
+    ax_hit.set_ylabel("cached / prompt tokens of the queries")
+    ax_hit.set_ylim(0, 1.05)
+    ax_hit.set_title("prefix-cache hit ratio")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

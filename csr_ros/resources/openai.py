@@ -151,6 +151,11 @@ class OpenAIResource:
         self._committed_text: str | None = ""
         self._structured_warned = False
         self.last_choice_cached_tokens: int | None = None
+        # What the server said it served from its cache, summed (routing and eviction show
+        # here): {"queries"|"prefills": {"requests", "prompt_tokens", "cached_tokens",
+        # "without_usage"}}, read with usage_totals().
+        self._usage = {kind: {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
+                              "without_usage": 0} for kind in ("queries", "prefills")}
         self.info: ServerInfo | None = None
         self.prompt_mode: str | None = None if prompt_mode == "auto" else prompt_mode
         if check_health:
@@ -166,6 +171,24 @@ class OpenAIResource:
     def committed_ids(self) -> tuple[int, ...]:
         """What this client last prefilled (the server's cache is not visible to clients)."""
         return self._committed_ids
+
+    def usage_totals(self) -> dict:
+        """Prompt tokens sent and cached tokens the server reported, for queries and for
+        prefills (load/extend) apart; a request whose answer carried no usage (llama.cpp's
+        streams) counts under `without_usage` only."""
+        with self._lock:
+            return {kind: dict(t) for kind, t in self._usage.items()}
+
+    def _count_usage(self, kind: str, usage: dict | None) -> None:
+        tally = self._usage[kind]
+        tally["requests"] += 1
+        details = (usage or {}).get("prompt_tokens_details") or {}
+        if not usage or usage.get("prompt_tokens") is None or \
+                details.get("cached_tokens") is None:
+            tally["without_usage"] += 1
+            return
+        tally["prompt_tokens"] += int(usage["prompt_tokens"])
+        tally["cached_tokens"] += int(details["cached_tokens"])
 
     @property
     def routing_key(self) -> str | None:
@@ -305,8 +328,10 @@ class OpenAIResource:
         if self.priority_scheduling:
             body["priority"] = self.prefill_priority      # larger = later (vLLM)
         started = time.monotonic()
-        self._complete(body)
-        return time.monotonic() - started
+        payload = self._complete(body)
+        seconds = time.monotonic() - started
+        self._count_usage("prefills", payload.get("usage"))
+        return seconds
 
     # -- the hot path ------------------------------------------------------------------------
 
@@ -368,6 +393,7 @@ class OpenAIResource:
             if not token_ids and text:
                 token_ids = self.tokenizer.encode_template(text)   # the server sent text only
             details = usage.get("prompt_tokens_details") or {}
+            self._count_usage("queries", usage)
             return QueryResult(text=text, token_ids=tuple(token_ids),
                                ttft_s=first_token_at - started, decode_s=ended - first_token_at,
                                n_prompt=int(usage.get("prompt_tokens") or len(request.ids)),
