@@ -4,6 +4,8 @@ them, and is not on PyPI).
     given_overrides   launch arguments → node parameters, only for arguments that were given,
                       so a params file's value is never replaced by a launch default
     check_params_file a missing or broken params file stops the launch with a clear message
+    node_namespace    `namespace:=` → the nodes' namespace (one robot of several on a graph)
+    robot_parameters  `robot_id:=` → the robot_id parameter, checked, only when given
     check_bag         the replay launch's bag arguments, checked before any process starts
     choose_player     `player:=auto|rosbag2|csr`: which bag player the replay launch runs
     bag_play_command  `ros2 bag play` with the replay launch's options
@@ -16,6 +18,7 @@ Pure: no launch, no rclpy (rosbag2_available only looks for the `ros2 bag` comma
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -70,6 +73,51 @@ def check_params_file(path: str) -> str:
                           "params_file:=FILE (the package's own is config/csr_ros.yaml)")
     load_params_file(path)
     return path
+
+
+#: The launch arguments that make one robot of several, the same in every launch file that
+#: starts a robot's nodes (declared with an empty default: not given).
+ROBOT_ARGUMENTS = {
+    "namespace": "ROS namespace of this robot's nodes, e.g. robot_a: their topics and services "
+                 "move under it ('' = none, or the one an including launch file pushed)",
+    "robot_id": "the robot's id: the routing key of its requests to servers behind a router, "
+                "and in its diagnostics ('' = the params file's, else the namespace)",
+}
+
+_NAMESPACE_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def node_namespace(text: str) -> str | None:
+    """The `namespace=` of the launch's nodes for `namespace:=TEXT`; None when not given, so a
+    namespace pushed by a launch file that includes this one (PushRosNamespace) applies;
+    '/' is the root namespace whatever was pushed.
+
+    A relative name ('robot_a') goes under such a pushed namespace, an absolute one
+    ('/robot_a') does not; launch_ros makes either absolute. The nodes' relative topics and
+    services (`csr/chunks`, `csr/get_chunks`, ...) then live under it (/robot_a/csr/chunks).
+    """
+    name = text.strip()
+    if name in ("", "/"):
+        return name or None             # '/': the root namespace, whatever was pushed
+    body = name[1:] if name.startswith("/") else name
+    body = body[:-1] if body.endswith("/") else body
+    if not all(_NAMESPACE_TOKEN.fullmatch(token) for token in body.split("/")):
+        raise ConfigError(f"launch argument namespace:={text!r} is not a ROS namespace: names "
+                          "of letters, digits and '_', none starting with a digit, separated "
+                          "by single '/' (e.g. robot_a, /robot_a or /warehouse/robot_7)")
+    return ("/" if name.startswith("/") else "") + body
+
+
+def robot_parameters(arguments: Mapping[str, str]) -> dict[str, Any]:
+    """{'robot_id': ...} for `robot_id:=` when given and valid, else {} (the params file's
+    value, or the node's default: its namespace without the leading slash)."""
+    from csr_ros.ros_params import check_robot_id
+
+    given = given_overrides(arguments, {"robot_id": ("robot_id", str)})
+    if given:
+        check_robot_id(given["robot_id"],
+                       where=f"launch argument robot_id:={given['robot_id']!r}")
+    return given
 
 
 def bag_play_command(bag: str, *, rate: str = "1.0", topics: str = "", start_offset_s: str = "",

@@ -17,6 +17,7 @@ Pure: no rclpy.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -69,7 +70,14 @@ CHUNKS = [
     _p("chunk_log", "", "chunk log file (crash-safe history; '' = none)"),
 ]
 
-AGGREGATOR = TOPICS + CHUNKS + [
+ROBOT = [
+    _p("robot_id", "", "this robot's id among several that share servers: openai resources "
+       "send it in the routing key of every request (a router keeps each robot on the server "
+       "that caches its prefix), diagnostics carry it ('' = the node's namespace without the "
+       "leading slash, none in the root namespace)"),
+]
+
+AGGREGATOR = TOPICS + CHUNKS + ROBOT + [
     _p("sources", [], "names of the input sources; each is described by source.<name>.*",
        required=True, element=str),
     _p("strict", False, "stop when a source's message type is not installed (false: start "
@@ -146,7 +154,7 @@ RESOURCE = [
        "reference), bfloat16", choices=("auto", "float32", "bfloat16")),
 ]
 
-POLICY = TOPICS + STATE + RESOURCE + [
+POLICY = TOPICS + ROBOT + STATE + RESOURCE + [
     _p("task", "Decide the robot's next action in one short line.",
        "instruction of each periodic query"),
     _p("rate_hz", 2.0, "decision rate (a query never starts while one is running)",
@@ -169,7 +177,7 @@ POLICY = TOPICS + STATE + RESOURCE + [
        positive=True),
 ]
 
-RECONCILER = TOPICS + CHUNKS + STATE + RESOURCE + [
+RECONCILER = TOPICS + CHUNKS + ROBOT + STATE + RESOURCE + [
     _p("tau_mem_tokens", 6144, "static tokens that trigger reconciliation (eviction)",
        min_value=1),
     _p("n_catchup_tokens", 256, "catch up while the buffer holds more than this", min_value=0),
@@ -236,6 +244,7 @@ def validate(node: str, values: Mapping[str, Any], *,
         raise ConfigError(msg)
     out = {s.name: _check(node, s, values.get(s.name, s.default), s.name in values)
            for s in specs}
+    check_robot_id(out["robot_id"], where=f"{node}: robot_id {out['robot_id']!r}")
     if node == "aggregator":
         out["sources"] = parse_sources(out["sources"], values, resolve_type=resolve_type,
                                        render_defaults=out)
@@ -245,6 +254,35 @@ def validate(node: str, values: Mapping[str, Any], *,
             and not (out["resource.r1_url"] and out["resource.r2_url"]):
         raise ConfigError(f"{node}: resource.r1_url and resource.r2_url must name the servers")
     return out
+
+
+MAX_ROBOT_ID_CHARS = 128
+_ROBOT_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
+
+
+def check_robot_id(robot_id: str, *, where: str = "") -> str:
+    """`robot_id` if it can name a robot ('' too: not set), else a ConfigError that says why.
+
+    The id travels in an HTTP header (the routing key a router reads) and names the robot in
+    diagnostics, so it is kept to characters that need no quoting anywhere and that no header
+    or key syntax splits on: letters, digits, '_', '-', '.' and '/' (what a ROS namespace holds,
+    plus '-' and '.'), starting with a letter, a digit or '_'.
+    """
+    if robot_id == "":
+        return robot_id
+    if len(robot_id) > MAX_ROBOT_ID_CHARS or not _ROBOT_ID.fullmatch(robot_id):
+        raise ConfigError(
+            f"{where or f'robot_id {robot_id!r}'} cannot name a robot: it travels in an HTTP header (the "
+            "routing key of its requests), so it may hold only letters, digits, '_', '-', '.' "
+            f"and '/', start with a letter, a digit or '_', and be at most {MAX_ROBOT_ID_CHARS}"
+            " characters long (e.g. robot_a, warehouse/robot-7)")
+    return robot_id
+
+
+def robot_id_for(robot_id: str, namespace: str) -> str:
+    """The id a node goes by: its `robot_id` parameter when set, else its namespace without
+    the leading slash ('/fleet/robot_a' → 'fleet/robot_a'; '' in the root namespace)."""
+    return check_robot_id(robot_id) or namespace.strip("/")
 
 
 def _check_actions(node: str, values: Mapping[str, Any]) -> None:

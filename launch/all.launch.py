@@ -3,9 +3,12 @@ in-process (local) resources plus the policy node in one process (all_in_one).
 
     ros2 launch csr_ros all.launch.py                   # the embedded SmolLM2 on the CPU
     ros2 launch csr_ros all.launch.py model:=/models/qwen threads:=4
+    ros2 launch csr_ros all.launch.py namespace:=robot_a    # /robot_a/csr/chunks, ...
 
 `resource.kind` is always 'local' here. The other launch arguments set their parameter only
-when given; otherwise the params file's value (or the node's default) holds.
+when given; otherwise the params file's value (or the node's default) holds. namespace:=
+puts this robot's nodes (and their relative topics and services) under a namespace, so several
+robots share one graph; robot_id:= names the robot ('' = the namespace without its slash).
 """
 
 from launch import LaunchDescription
@@ -14,7 +17,8 @@ from launch.substitutions import PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
-from csr_ros.launch_args import check_params_file, given_overrides
+from csr_ros.launch_args import ROBOT_ARGUMENTS, check_params_file, given_overrides, \
+    node_namespace, robot_parameters
 
 OVERRIDES = {"model": ("model", str), "threads": ("resource.threads", int),
              "use_sim_time": ("use_sim_time", bool)}
@@ -24,13 +28,14 @@ def nodes(context):
     args = context.launch_configurations
     params_file = check_params_file(args["params_file"])
     sim_time = given_overrides(args, {"use_sim_time": OVERRIDES["use_sim_time"]})
-    local = {"resource.kind": "local", **given_overrides(args, OVERRIDES)}
+    namespace, robot = node_namespace(args["namespace"]), robot_parameters(args)
+    local = {"resource.kind": "local", **given_overrides(args, OVERRIDES), **robot}
     return [
         Node(package="csr_ros", executable="aggregator", name="aggregator", output="screen",
-             parameters=[params_file, sim_time]),
+             namespace=namespace, parameters=[params_file, sim_time | robot]),
         # the node names come from the code (reconciler, policy); no name= for two nodes
         Node(package="csr_ros", executable="all_in_one", output="screen",
-             parameters=[params_file, local]),
+             namespace=namespace, parameters=[params_file, local]),
     ]
 
 
@@ -49,5 +54,9 @@ def generate_launch_description():
         DeclareLaunchArgument("threads", default_value="",
                               description="CPU threads per local engine ('' = the params "
                                           "file's; 0 = default)"),
+        DeclareLaunchArgument("namespace", default_value="",
+                              description=ROBOT_ARGUMENTS["namespace"]),
+        DeclareLaunchArgument("robot_id", default_value="",
+                              description=ROBOT_ARGUMENTS["robot_id"]),
         OpaqueFunction(function=nodes),
     ])

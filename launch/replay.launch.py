@@ -6,6 +6,7 @@ aggregator renders them, and the policy decides as if on the robot.
     ros2 launch csr_ros replay.launch.py bag:=/data/run1 topics:="/odom /speech/text" \
         start_offset:=120 delay:=10
     ros2 launch csr_ros replay.launch.py bag:=/data/run1 player:=csr   # no rosbag2 needed
+    ros2 launch csr_ros replay.launch.py bag:=/data/run1 namespace:=robot_a   # its nodes there
 
 mode:=robot (default) runs robot.launch.py (servers elsewhere), mode:=all runs all.launch.py.
 player:=rosbag2 plays with `ros2 bag play`, player:=csr with `csr-ros replay BAG --play`
@@ -30,8 +31,8 @@ from launch.substitutions import PathJoinSubstitution
 from launch_ros.substitutions import FindPackageShare
 
 from csr_ros.errors import CsrError
-from csr_ros.launch_args import check_bag, check_params_file, player_exit_reason, \
-    rosbag2_available
+from csr_ros.launch_args import ROBOT_ARGUMENTS, check_bag, check_params_file, \
+    node_namespace, player_exit_reason, robot_parameters, rosbag2_available
 
 
 class PlayerError(CsrError):
@@ -43,9 +44,12 @@ def replay(context):
     args = context.launch_configurations
     check_params_file(args["params_file"])
     play_cmd = check_bag(args, rosbag2=rosbag2_available())
+    node_namespace(args["namespace"])          # checked here too: before the player starts
+    robot_parameters(args)
     share = FindPackageShare("csr_ros").perform(context)
     forwarded = {"params_file": args["params_file"], "model": args["model"],
-                 "use_sim_time": "true"}
+                 "use_sim_time": "true", "namespace": args["namespace"],
+                 "robot_id": args["robot_id"]}
     if args["mode"] == "all":
         forwarded["threads"] = args["threads"]
     nodes = IncludeLaunchDescription(
@@ -99,5 +103,9 @@ def generate_launch_description():
         DeclareLaunchArgument("threads", default_value="",
                               description="mode:=all: CPU threads per local engine "
                                           "('' = the params file's)"),
+        DeclareLaunchArgument("namespace", default_value="",
+                              description=ROBOT_ARGUMENTS["namespace"]),
+        DeclareLaunchArgument("robot_id", default_value="",
+                              description=ROBOT_ARGUMENTS["robot_id"]),
         OpaqueFunction(function=replay),
     ])

@@ -2,11 +2,19 @@
 
     ros2 launch csr_ros robot.launch.py r1_url:=http://gpu-server:8001 r2_url:=http://gpu-server:8002
     ros2 launch csr_ros robot.launch.py params_file:=/robot/csr_ros.yaml
+    ros2 launch csr_ros robot.launch.py namespace:=robot_a r1_url:=http://router:8000 \
+        r2_url:=http://router:8000     # /robot_a/csr/..., routing key robot_a
 
 The policy asks the primary server named by the reconciler's latest SwapEvent (csr/swaps);
 r1_url/r2_url are what it uses before the first one arrives. A launch argument sets its
 parameter only when it is given; otherwise the params file's value (or the node's default)
 holds.
+
+Several robots on one graph, sharing the servers: one launch per robot with its own
+namespace. Its nodes' topics and services (csr/chunks, csr/decisions, csr/get_chunks, ...)
+then live under it; absolute source topics in the params file (/odom) stay absolute, so give
+per-robot sources relative names (odom → /robot_a/odom). robot_id ('' = the namespace without
+its slash) is the routing key of the robot's requests to a pool of servers behind a router.
 """
 
 from launch import LaunchDescription
@@ -15,7 +23,8 @@ from launch.substitutions import PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
-from csr_ros.launch_args import check_params_file, given_overrides
+from csr_ros.launch_args import ROBOT_ARGUMENTS, check_params_file, given_overrides, \
+    node_namespace, robot_parameters
 
 OVERRIDES = {"r1_url": ("resource.r1_url", str), "r2_url": ("resource.r2_url", str),
              "model": ("model", str), "use_sim_time": ("use_sim_time", bool)}
@@ -25,11 +34,13 @@ def nodes(context):
     args = context.launch_configurations
     params_file = check_params_file(args["params_file"])
     sim_time = given_overrides(args, {"use_sim_time": OVERRIDES["use_sim_time"]})
+    namespace, robot = node_namespace(args["namespace"]), robot_parameters(args)
+    policy = given_overrides(args, OVERRIDES) | robot
     return [
         Node(package="csr_ros", executable="aggregator", name="aggregator", output="screen",
-             parameters=[params_file, sim_time]),
+             namespace=namespace, parameters=[params_file, sim_time | robot]),
         Node(package="csr_ros", executable="policy", name="policy", output="screen",
-             parameters=[params_file, given_overrides(args, OVERRIDES)]),
+             namespace=namespace, parameters=[params_file, policy]),
     ]
 
 
@@ -49,5 +60,9 @@ def generate_launch_description():
         DeclareLaunchArgument("model", default_value="",
                               description="model directory whose tokenizer builds the prompt "
                                           "('' = the params file's)"),
+        DeclareLaunchArgument("namespace", default_value="",
+                              description=ROBOT_ARGUMENTS["namespace"]),
+        DeclareLaunchArgument("robot_id", default_value="",
+                              description=ROBOT_ARGUMENTS["robot_id"]),
         OpaqueFunction(function=nodes),
     ])

@@ -1,11 +1,13 @@
 """On the GPU server: the reconciler, and optionally the two vLLM servers it drives.
 
     ros2 launch csr_ros server.launch.py start_servers:=true vllm_config:=/path/to/vllm.yaml
+    ros2 launch csr_ros server.launch.py namespace:=robot_a    # robot_a's reconciler
 
 With start_servers:=true, `csr-ros serve vllm` starts R1 and R2 (one per GPU) from the vLLM
 config; the reconciler retries until they are healthy (loading a large model takes minutes).
 r1_url, r2_url and model set their parameter only when given; otherwise the params file's
-value (or the node's default) holds.
+value (or the node's default) holds. Each robot of several has its own reconciler:
+namespace:= and robot_id:= as for robot.launch.py (the same values on both sides).
 """
 
 from launch import LaunchDescription
@@ -15,7 +17,8 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
-from csr_ros.launch_args import check_params_file, given_overrides
+from csr_ros.launch_args import ROBOT_ARGUMENTS, check_params_file, given_overrides, \
+    node_namespace, robot_parameters
 
 OVERRIDES = {"r1_url": ("resource.r1_url", str), "r2_url": ("resource.r2_url", str),
              "model": ("model", str)}
@@ -24,8 +27,10 @@ OVERRIDES = {"r1_url": ("resource.r1_url", str), "r2_url": ("resource.r2_url", s
 def nodes(context):
     args = context.launch_configurations
     params_file = check_params_file(args["params_file"])
+    reconciler = given_overrides(args, OVERRIDES) | robot_parameters(args)
     return [Node(package="csr_ros", executable="reconciler", name="reconciler", output="screen",
-                 parameters=[params_file, given_overrides(args, OVERRIDES)])]
+                 namespace=node_namespace(args["namespace"]),
+                 parameters=[params_file, reconciler])]
 
 
 def generate_launch_description():
@@ -43,6 +48,10 @@ def generate_launch_description():
                                           "('' = the params file's)"),
         DeclareLaunchArgument("start_servers", default_value="false",
                               description="also start the two vLLM servers (csr-ros serve vllm)"),
+        DeclareLaunchArgument("namespace", default_value="",
+                              description=ROBOT_ARGUMENTS["namespace"]),
+        DeclareLaunchArgument("robot_id", default_value="",
+                              description=ROBOT_ARGUMENTS["robot_id"]),
         DeclareLaunchArgument(
             "vllm_config", default_value=PathJoinSubstitution([share, "config", "vllm.yaml"]),
             description="vLLM servers config for `csr-ros serve vllm`"),

@@ -33,7 +33,8 @@ from csr_ros.errors import ConfigError, MessageTypeNotInstalledError
 from csr_ros.msg import StateChunk
 from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
                                   CHUNKS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS, declare,
-                                  resolve_message_type, run, time_msg, with_undeclared)
+                                  resolve_message_type, run, status_name, time_msg,
+                                  with_undeclared)
 from csr_ros.render import Emitted, Emitter, episode_origin_ns
 from csr_ros.ros_params import QosChoice, SourceConfig, match_publishers
 from csr_ros.srv import GetChunks
@@ -74,6 +75,7 @@ class AggregatorNode(Node):
 
         self.params = ros_params.validate("aggregator", with_undeclared(self, values, specs),
                                           resolve_type=resolve)
+        self.robot_id = ros_params.robot_id_for(self.params["robot_id"], self.get_namespace())
         self.sources: dict[str, SourceConfig] = {}
         for source in self.params["sources"]:
             if source.type_name in missing:
@@ -288,13 +290,15 @@ class AggregatorNode(Node):
                   KeyValue(key="next_seq", value=str(self.next_seq)),
                   KeyValue(key="sources", value=", ".join(self.sources)),
                   KeyValue(key="time_jumps", value=str(self.time_jumps))]
+        if self.robot_id:
+            values.append(KeyValue(key="robot_id", value=self.robot_id))
         values += [KeyValue(key=f"skipped.{name}", value=why)
                    for name, why in self.skipped.items()]
         if self.last_time_jump_s is not None:
             values.append(KeyValue(key="last_time_jump_s", value=f"{self.last_time_jump_s:.3f}"))
         for name, types in sorted(self.wrong_types.items()):
             values.append(KeyValue(key=f"wrong_type.{name}", value=",".join(sorted(types))))
-        status = DiagnosticStatus(level=level, name=f"csr_ros: {self.get_name()}",
+        status = DiagnosticStatus(level=level, name=status_name(self),
                                   message="; ".join(problems) or "ok",
                                   hardware_id=self.get_fully_qualified_name(), values=values)
         array = DiagnosticArray(status=[status])

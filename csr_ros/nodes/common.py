@@ -161,6 +161,13 @@ def unroute_library_logging(node: Node) -> None:
         logging.getLogger("csr_ros").propagate = True
 
 
+def status_name(node: Node) -> str:
+    """The name of a node's /diagnostics status: `csr_ros: policy` in the root namespace,
+    `csr_ros: robot_a/policy` in /robot_a, so the nodes of two robots on one graph (one
+    /diagnostics topic) are told apart by a monitor."""
+    return f"csr_ros: {node.get_fully_qualified_name().lstrip('/')}"
+
+
 def time_msg(stamp_ns: int) -> Time:
     return Time(sec=int(stamp_ns // 1_000_000_000), nanosec=int(stamp_ns % 1_000_000_000))
 

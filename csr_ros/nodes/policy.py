@@ -45,7 +45,7 @@ from csr_ros.msg import SwapEvent as SwapEventMsg
 from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
                                   CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS,
                                   SWAPS_QOS, ChunkFetcher, chunk_event, declare, load_tokenizer,
-                                  run, time_msg, with_undeclared)
+                                  run, status_name, time_msg, with_undeclared)
 from csr_ros.policy_core import (ERROR, MAX_WAITING_QUERIES, OK, PERIODIC, WARN, Announcer,
                                  FetchRequest, InstantValue, QueryScheduler, QueryStats,
                                  StateFold, SwapEvent, build_suffix, diagnose, keep_up_warning,
@@ -63,6 +63,8 @@ class PolicyNode(Node):
         self.params = ros_params.validate("policy", with_undeclared(
             self, declare(self, ros_params.POLICY), ros_params.POLICY))
         p = self.params
+        self.robot_id = ros_params.robot_id_for(p["robot_id"], self.get_namespace())
+        self.last_routing_key: str | None = None   # what the last answered query was sent with
         if p["resource.kind"] == "local" and driver is None:
             msg = ("policy: resource.kind 'local' runs the model inside the reconciler's process;"
                    " use `ros2 launch csr_ros all.launch.py` (all_in_one), or 'openai' servers")
@@ -411,8 +413,10 @@ class PolicyNode(Node):
                     on_token=None) -> PolicyDecision:
         """On the worker thread: answer on the primary server."""
         resource = self._http_resource(url, name, int(request.version))
+        key = resource.routing_key
         result = resource.query(request, max_new_tokens=max_new_tokens, constraint=constraint,
                                 on_token=on_token)
+        self.last_routing_key = key
         return self._decision(request, result, result.ttft_s, task, started_ns, bound,
                               max_new_tokens)
 
@@ -422,6 +426,8 @@ class PolicyNode(Node):
                                     constraint=constraint, on_token=on_token)
         if not outcome.ok:
             raise CsrError(outcome.error)
+        self.last_routing_key = getattr(self.driver, "routing_key", lambda name: None)(
+            outcome.result.resource)
         return self._decision(outcome.request, outcome.result, outcome.ttft_s, task, started_ns,
                               bound, max_new_tokens)
 
@@ -439,7 +445,7 @@ class PolicyNode(Node):
         resource = make_resource("openai", url=url, name=name,
                                  model=p["resource.served_model"] or None,
                                  tokenizer=self.tokenizer, model_dir=self.model_dir,
-                                 max_context_tokens=p["context_tokens"],
+                                 max_context_tokens=p["context_tokens"], robot_id=self.robot_id,
                                  read_timeout_s=p["resource.timeout_s"])
         self.http_resources[url] = (version, resource)
         return resource
@@ -525,9 +531,14 @@ class PolicyNode(Node):
         if self.driver is None and self._reconciler_missing() and level == DiagnosticStatus.OK:
             level, message = DiagnosticStatus.WARN, "no reconciler publishes " + \
                 self.params["topics.swaps"]
-        status = DiagnosticStatus(level=level, name=f"csr_ros: {self.get_name()}",
+        values = [KeyValue(key=k, value=v) for k, v in d.values]
+        if self.robot_id:
+            values.append(KeyValue(key="robot_id", value=self.robot_id))
+        if self.last_routing_key is not None:
+            values.append(KeyValue(key="routing_key", value=self.last_routing_key))
+        status = DiagnosticStatus(level=level, name=status_name(self),
                                   message=message, hardware_id=self.get_fully_qualified_name(),
-                                  values=[KeyValue(key=k, value=v) for k, v in d.values])
+                                  values=values)
         self.diagnostics_pub.publish(DiagnosticArray(header=_header(self), status=[status]))
 
     def _reconciler_missing(self) -> bool:

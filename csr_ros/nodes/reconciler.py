@@ -34,7 +34,7 @@ from csr_ros.msg import StateChunk, SwapEvent
 from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
                                   CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, ChunkFetcher,
                                   chunk_event, declare, load_tokenizer, node_python_logger, run,
-                                  with_undeclared)
+                                  status_name, with_undeclared)
 from csr_ros.policy_core import (ChunkEvent, Lost, SeqOrderer, Step, StreamTracker,
                                  TimedResource, lost_text, make_chunk, refused_text,
                                  state_from_params, swap_report)
@@ -49,6 +49,7 @@ class ReconcilerNode(Node):
         self.params = ros_params.validate("reconciler", with_undeclared(
             self, declare(self, ros_params.RECONCILER), ros_params.RECONCILER))
         p = self.params
+        self.robot_id = ros_params.robot_id_for(p["robot_id"], self.get_namespace())
         self.lock = threading.RLock()          # orderer, state before the driver, publishing
         self.tokenizer, self.model_dir = load_tokenizer(p)
         self.chunk_log = ChunkLog(p["chunk_log"]) if p["chunk_log"] else None
@@ -64,6 +65,7 @@ class ReconcilerNode(Node):
         self.capacity_said_s = 0.0
         self.ops: list = []                    # load/extend timings of the resources
         self.resources: list | None = None
+        self.by_name: dict[str, object] = {}   # name → resource (not timed): routing keys
         self.driver: Reconciler | None = None
         self.urls: dict[str, str] = {}
         self.published_version: int | None = None
@@ -141,10 +143,12 @@ class ReconcilerNode(Node):
                                                max_context_tokens=p["context_tokens"]))
             else:
                 for name, url in zip(names, (p["resource.r1_url"], p["resource.r2_url"])):
+                    # robot_id: the routing key of a pool behind a router (openai only; an
+                    # in-process engine is this robot's alone)
                     built.append(make_resource(
                         "openai", url=url, name=name, model=p["resource.served_model"] or None,
                         tokenizer=self.tokenizer, model_dir=self.model_dir,
-                        max_context_tokens=p["context_tokens"],
+                        max_context_tokens=p["context_tokens"], robot_id=self.robot_id,
                         tau_mem_tokens=p["tau_mem_tokens"], read_timeout_s=p["resource.timeout_s"]))
                     self.urls[name] = url
             self._check_context(built)
@@ -152,6 +156,7 @@ class ReconcilerNode(Node):
             for resource in built:
                 resource.close()
             raise
+        self.by_name = {r.name: r for r in built}
         return [TimedResource(r, self.ops, time.monotonic) for r in built]
 
     def _check_context(self, built: list) -> None:
@@ -337,6 +342,10 @@ class ReconcilerNode(Node):
         return self.driver.query(task, suffix=suffix, max_new_tokens=max_new_tokens,
                                  constraint=constraint, on_token=on_token)
 
+    def routing_key(self, name: str) -> str | None:
+        """The routing key resource `name` sends now (None: no robot_id, or a local one)."""
+        return getattr(self.by_name.get(name), "routing_key", None)
+
     def active_chunks(self) -> list:
         """The chunks of the active version (for a policy node in the same process)."""
         return [] if self.driver is None else list(self.driver.machine.active.chunks)
@@ -380,10 +389,16 @@ class ReconcilerNode(Node):
         values = [KeyValue(key=k, value=str(v)) for k, v in snap.items()]
         values += [KeyValue(key="stream", value=self.streams.current or "-"),
                    KeyValue(key="stream_restarts", value=str(self.stream_restarts))]
+        if self.robot_id:
+            values.append(KeyValue(key="robot_id", value=self.robot_id))
+        for name in sorted(self.by_name):
+            key = self.routing_key(name)
+            if key is not None:
+                values.append(KeyValue(key=f"routing_key.{name}", value=key))
         if capacity is not None:
             values += [KeyValue(key=f"capacity.{k}", value=str(v))
                        for k, v in capacity.as_dict().items() if k != "message"]
-        status = DiagnosticStatus(level=level, name=f"csr_ros: {self.get_name()}",
+        status = DiagnosticStatus(level=level, name=status_name(self),
                                   message=message, hardware_id=self.get_fully_qualified_name(),
                                   values=values)
         array = DiagnosticArray(status=[status])
