@@ -468,7 +468,12 @@ def _check(node: str, spec: ParamSpec, value: Any, given: bool) -> Any:
 # -- parameter files --------------------------------------------------------------------------
 
 def load_params_file(path: str | Path) -> dict[str, dict[str, Any]]:
-    """{node name: {dotted parameter name: value}} from a ROS 2 parameters YAML file."""
+    """{node name: {dotted parameter name: value}} from a ROS 2 parameters YAML file.
+
+    The sections of one node name under several namespaces (`/**/aggregator`, then a robot's
+    own `/robot_b/aggregator` that sets only what differs) are merged in file order, the
+    later value winning, as rclpy does for a node both match (so a file with the sections of
+    several robots is checked as their merge)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -505,7 +510,9 @@ def _collect_nodes(tree: Mapping, prefix: str, out: dict, source: str) -> None:
             params = value["ros__parameters"]
             if not isinstance(params, dict):
                 raise ConfigError(f"{source}: {name}.ros__parameters must be a mapping")
-            out[name.strip("/").rsplit("/", 1)[-1]] = _flatten(params)
+            # sections of one node (/**/policy, then /robot_b/policy) merge in file order,
+            # the later value winning, as rclpy applies them to a node they both match
+            out.setdefault(name.strip("/").rsplit("/", 1)[-1], {}).update(_flatten(params))
         elif all(isinstance(v, dict) for v in value.values()):
             _collect_nodes(value, name, out, source)
         else:

@@ -114,3 +114,26 @@ def test_the_nodes_topics_and_services_are_relative_so_a_namespace_moves_them():
         absolute |= set(re.findall(r'create_(?:publisher|subscription|service|client)\(\s*'
                                    r'\w+,\s*"(/[^"]*)"', source))
     assert absolute == {"/diagnostics"}
+
+
+def test_a_robots_own_section_after_the_shared_one_overrides_only_what_it_sets():
+    """`/**/aggregator` for every robot, then `/robot_b/aggregator` with robot_b's odometry
+    topic: read (and checked by `csr-ros check-params`) as rclpy gives it to /robot_b's node,
+    the shared values with the later section's on top."""
+    from csr_ros.ros_params import parse_params_yaml
+
+    text = """
+/**/aggregator:
+  ros__parameters:
+    sources: [odom]
+    source: {odom: {topic: odom, type: nav_msgs/msg/Odometry}}
+/robot_b/aggregator:
+  ros__parameters:
+    robot_id: warehouse.robot-b
+    source: {odom: {topic: /robot_b/wheel_odom}}
+"""
+    params = parse_params_yaml(text)["aggregator"]
+    assert params == {"sources": ["odom"], "source.odom.topic": "/robot_b/wheel_odom",
+                      "source.odom.type": "nav_msgs/msg/Odometry",
+                      "robot_id": "warehouse.robot-b"}
+    assert validate("aggregator", params)["sources"][0].topic == "/robot_b/wheel_odom"
