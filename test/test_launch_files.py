@@ -296,3 +296,138 @@ def test_robot_and_server_launch_on_shared_llama_cpp_servers_complete_every_deci
     finally:
         probe.destroy_node()
         rclpy.try_shutdown()
+
+
+# -- several robots: one namespace each -------------------------------------------------------
+
+@pytest.mark.parametrize("launch_file, argument, said", [
+    ("robot.launch.py", "namespace:=robot-a", "namespace:='robot-a' is not a ROS namespace"),
+    ("server.launch.py", "robot_id:=robot a", "robot_id:='robot a' cannot name a robot"),
+    ("all.launch.py", "namespace:=7robot", "namespace:='7robot' is not a ROS namespace")])
+def test_a_bad_namespace_or_robot_id_stops_the_launch_before_any_node_starts(
+        launched, launch_file, argument, said):
+    run = launched(launch_file, argument)
+    assert run.wait_exit(timeout_s=60.0) == 1, run.output
+    assert said in run.output, run.output
+    assert "process started" not in run.output, run.output
+    assert not run.left_running(), run.output
+
+
+def namespaced_params(tmp_path: Path, r1_url: str, r2_url: str) -> Path:
+    """The package's params file with the speech source relative (speech/text → the robot's
+    own /robot_k/speech/text), short answers and the servers of the test."""
+    nodes = yaml.safe_load((ROOT / "config" / "csr_ros.yaml").read_text())
+    nodes["/**/aggregator"]["ros__parameters"]["source"]["speech"]["topic"] = "speech/text"
+    for name in ("policy", "reconciler"):
+        section = nodes[f"/**/{name}"]["ros__parameters"]
+        section["context_tokens"] = 4096
+        section["resource"].update(r1_url=r1_url, r2_url=r2_url)
+    nodes["/**/reconciler"]["ros__parameters"]["tau_mem_tokens"] = 3000
+    nodes["/**/policy"]["ros__parameters"]["max_new_tokens"] = 16
+    path = tmp_path / "namespaced.yaml"
+    path.write_text(yaml.safe_dump(json.loads(json.dumps(nodes))))
+    return path
+
+
+@pytest.mark.server
+def test_two_robots_launched_in_two_namespaces_share_the_servers_and_keep_apart(
+        launched, llama_server_pair, tmp_path):
+    """server.launch.py and robot.launch.py with namespace:=robot_a and namespace:=robot_b
+    (robot_b with robot_id:=), all four on the same two llama.cpp servers: every node is in
+    its robot's namespace, each robot's speech reaches only its own chunks and decisions,
+    and each robot's diagnostics carry its robot id."""
+    import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rclpy.node import Node
+    from std_msgs.msg import String
+
+    from csr_ros.msg import PolicyDecision, StateChunk
+    from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS
+
+    r1, r2 = llama_server_pair
+    params = f"params_file:={namespaced_params(tmp_path, r1.url, r2.url)}"
+    ids = {"robot_a": "robot_a", "robot_b": "dock.robot-b"}
+    rclpy.init()
+    probe = Node("launch_probe")
+    chunks = {robot: [] for robot in ids}
+    decisions = {robot: [] for robot in ids}
+    speech = {}
+    statuses: dict[str, dict[str, str]] = {}
+    for robot in ids:
+        probe.create_subscription(StateChunk, f"/{robot}/csr/chunks", chunks[robot].append,
+                                  CHUNKS_QOS)
+        probe.create_subscription(PolicyDecision, f"/{robot}/csr/decisions",
+                                  decisions[robot].append, DECISIONS_QOS)
+        speech[robot] = probe.create_publisher(String, f"/{robot}/speech/text", 10)
+    probe.create_subscription(
+        DiagnosticArray, "/diagnostics",
+        lambda msg: statuses.update({s.name: {kv.key: kv.value for kv in s.values}
+                                     for s in msg.status}), DIAGNOSTICS_QOS)
+    runs = []
+    try:
+        for robot in ids:
+            extra = [] if ids[robot] == robot else [f"robot_id:={ids[robot]}"]
+            runs.append(launched("server.launch.py", params, f"namespace:={robot}", *extra))
+            runs.append(launched("robot.launch.py", params, f"namespace:={robot}", *extra))
+        for run in runs[::2]:
+            run.wait_output("started: v", timeout_s=180.0)
+        deadline = time.monotonic() + 300.0
+        said = 0
+        while time.monotonic() < deadline and not all(
+                [d for d in decisions[robot] if d.last_seq >= 2] for robot in ids):
+            for robot in ids:
+                speech[robot].publish(String(data=f"{robot} operator: check room {said}"))
+            said += 1
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                rclpy.spin_once(probe, timeout_sec=0.05)
+        names = set(probe.get_node_names_and_namespaces())
+        for robot in ids:
+            assert {("aggregator", f"/{robot}"), ("policy", f"/{robot}"),
+                    ("reconciler", f"/{robot}")} <= names, names
+            other = next(r for r in ids if r != robot)
+            texts = " | ".join(c.text for c in chunks[robot])
+            assert f"{robot} operator" in texts and f"{other} operator" not in texts, texts
+            assert [d for d in decisions[robot] if d.last_seq >= 2]
+            assert max(d.last_seq for d in decisions[robot]) <= max(c.seq for c in chunks[robot])
+            for node in ("aggregator", "policy", "reconciler"):
+                assert statuses.get(f"csr_ros: {robot}/{node}", {}).get("robot_id") == \
+                    ids[robot], (robot, node, statuses)
+        for run in runs:
+            assert run.interrupt() == 0, run.output
+    finally:
+        probe.destroy_node()
+        rclpy.try_shutdown()
+
+
+def test_replay_launch_with_a_namespace_feeds_that_robots_nodes_from_the_bag(
+        launched, patrol_bag, tmp_path):
+    """namespace:=robot_a reaches the included robot launch: the bag's (absolute) topics
+    become chunks on /robot_a/csr/chunks, and nothing is published on /csr/chunks."""
+    import rclpy
+    from rclpy.node import Node
+
+    from csr_ros.msg import StateChunk
+    from csr_ros.nodes.common import CHUNKS_QOS
+
+    rclpy.init()
+    probe = Node("launch_probe")
+    chunks = {"/robot_a/csr/chunks": [], "/csr/chunks": []}
+    for topic, got in chunks.items():
+        probe.create_subscription(StateChunk, topic, got.append, CHUNKS_QOS)
+    try:
+        run = launched("replay.launch.py", f"bag:={patrol_bag}", "player:=csr", "rate:=2.0",
+                       "delay:=3", "namespace:=robot_a", f"params_file:={local_params(tmp_path)}")
+        run.wait_output("[bag_player-3]: process has finished cleanly", timeout_s=120.0)
+        deadline = time.monotonic() + 30.0
+        while len(chunks["/robot_a/csr/chunks"]) < 5 and time.monotonic() < deadline:
+            rclpy.spin_once(probe, timeout_sec=0.2)
+        assert len(chunks["/robot_a/csr/chunks"]) >= 5, run.output
+        assert not chunks["/csr/chunks"]
+        names = set(probe.get_node_names_and_namespaces())
+        assert {("aggregator", "/robot_a"), ("policy", "/robot_a")} <= names, names
+        assert run.interrupt() == 0, run.output
+        assert not run.left_running(), run.output
+    finally:
+        probe.destroy_node()
+        rclpy.try_shutdown()
