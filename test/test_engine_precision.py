@@ -201,3 +201,29 @@ def test_decode_threads_apply_to_decode_steps_only_and_change_no_token(tiny_llam
             _tiny(tiny_llama_model, decode_threads=0)
     finally:
         torch.set_num_threads(before)
+
+
+def test_decode_attention_splits_only_long_histories_and_only_to_balance_the_threads():
+    assert lean.decode_kv_parts(n_kv=3, threads=1, n_keys=8000) == 1
+    assert lean.decode_kv_parts(n_kv=3, threads=2, n_keys=1024) == 1       # short: not worth it
+    assert lean.decode_kv_parts(n_kv=3, threads=2, n_keys=4096) == 2       # 6 items on 2 threads
+    assert lean.decode_kv_parts(n_kv=3, threads=4, n_keys=8192) == 4       # 12 on 4
+    assert lean.decode_kv_parts(n_kv=3, threads=4, n_keys=2048) == 2       # parts >= 1024 keys
+    assert lean.decode_kv_parts(n_kv=4, threads=2, n_keys=8000) == 1       # balanced already
+
+
+@pytest.mark.parametrize("end", [2048, 4096, 4099, 5000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_decode_attention_equals_sdpa_over_the_same_buffers(end, dtype):
+    torch.manual_seed(end)
+    n_kv, groups, head_dim, max_len = 3, 3, 64, 6000
+    keys_buf, values_buf = (torch.randn(n_kv, max_len, head_dim).to(dtype) for _ in range(2))
+    grouped = torch.randn(n_kv, groups, head_dim).to(dtype)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        grouped[None].float(), keys_buf[None, :, :end].float(), values_buf[None, :, :end].float(),
+        scale=head_dim ** -0.5)[0]
+    for parts in (2, 3, 4):
+        got = lean.split_attention(grouped, keys_buf, values_buf, end, parts, head_dim ** -0.5)
+        assert got.shape == grouped.shape and got.dtype == dtype
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        assert torch.allclose(got.float(), want, atol=tolerance, rtol=tolerance), parts

@@ -47,6 +47,10 @@ INT4_GROUP_SIZE = 32
 # after it) may run the decode weights: the weight-only kernels stay faster than float matmuls
 # up to about 4 rows (1.1 to 1.6x at 4, even at 8, 2x slower at 32, measured on 1 and 2 threads).
 STEP_MAX_TOKENS = 4
+# A weight-only decode step's attention is split over the threads from this many cached keys on,
+# in parts of at least SPLIT_MIN_PART_KEYS (`decode_kv_parts`).
+SPLIT_MIN_KEYS = 2048
+SPLIT_MIN_PART_KEYS = 1024
 
 
 def unsupported_reason(model) -> str | None:
@@ -255,6 +259,9 @@ class LeanLlama:
             else:
                 mask = _causal_mask(pos, end, x.device)                        # [q, end]
         last = len(self.layers) - 1
+        # The exact float path keeps SDPA's own summation order (the engine tests' reference).
+        kv_parts = (decode_kv_parts(self.n_kv, torch.get_num_threads(), end)
+                    if step and self.step_weights != "float" else 1)
         for i, (layer, (keys_buf, values_buf)) in enumerate(zip(self.layers, buffers)):
             qkv, o, gate_up, down = layer.step if step else layer.block
             h = _rms_norm(x, layer.ln1, self.eps)
@@ -276,9 +283,13 @@ class LeanLlama:
             if rows == 1 and layer_mask is None:
                 # One query row that sees every cached position: the query heads of a K/V group
                 # become that group's "queries", so K/V are read once and never repeated.
-                out = F.scaled_dot_product_attention(
-                    qh.reshape(1, self.n_kv, self.groups, self.head_dim), keys, values,
-                    scale=self.scale)
+                grouped = qh.reshape(self.n_kv, self.groups, self.head_dim)
+                if kv_parts > 1:
+                    out = split_attention(grouped, keys_buf, values_buf, end, kv_parts,
+                                          self.scale)
+                else:
+                    out = F.scaled_dot_product_attention(grouped[None], keys, values,
+                                                         scale=self.scale)
                 out = out.reshape(1, self.n_heads * self.head_dim)
             else:
                 out = F.scaled_dot_product_attention(qh[None], keys, values, attn_mask=layer_mask,
@@ -292,6 +303,47 @@ class LeanLlama:
         hidden = _rms_norm(x[-n_logits:], self.norm, self.eps)
         logits = (self.head_step if step else self.head_block)(hidden)
         return logits[0] if n_logits == 1 else logits
+
+
+def decode_kv_parts(n_kv: int, threads: int, n_keys: int) -> int:
+    """Parts a decode step's attention over `n_keys` cached keys is split into (1: none).
+
+    SDPA's CPU kernel shares its work out per (K/V head, query block): a decode step has n_kv of
+    them (3 on SmolLM2), so of 2 threads one does 2 and the other 1, idle a third of the time.
+    Splitting the keys into parts that make n_kv * parts a multiple of the threads keeps every
+    thread busy (`split_attention`). Worth it over long histories only (measured on 2 threads,
+    30 layers, K/V beyond the CPU caches: 0.9x at 1024 keys, level at 2048, 1.15x at 4096, 1.2x
+    at 8000), so from SPLIT_MIN_KEYS on, in parts of at least SPLIT_MIN_PART_KEYS.
+    """
+    if threads < 2 or n_keys < SPLIT_MIN_KEYS:
+        return 1
+    parts = next(p for p in range(1, threads + 1) if n_kv * p % threads == 0)
+    return max(1, min(parts, n_keys // SPLIT_MIN_PART_KEYS))
+
+
+def split_attention(grouped: torch.Tensor, keys_buf: torch.Tensor, values_buf: torch.Tensor,
+                    end: int, parts: int, scale: float) -> torch.Tensor:
+    """One decode row's attention over keys 0..end, in `parts` equal slices of the buffers
+    (strided views, no copy) and a short tail, merged by their log-sum-exp (flash decoding).
+
+    `grouped`: [n_kv, groups, D] (the query heads of each K/V head); `keys_buf`, `values_buf`:
+    [n_kv, max_len, D]. Returns [n_kv, groups, D], SDPA's result up to rounding.
+    """
+    n_kv, groups, head_dim = grouped.shape
+    part = end // parts
+    shape = (n_kv, parts, part, head_dim)
+    keys, values = (buf.as_strided(shape, (buf.stride(0), part * buf.stride(1), buf.stride(1),
+                                           buf.stride(2))) for buf in (keys_buf, values_buf))
+    queries = grouped[:, None].expand(n_kv, parts, groups, head_dim)
+    # The CPU flash kernel returns each slice's log-sum-exp next to its output.
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out, lse = flash(queries, keys, values, scale=scale)[:2]        # [n_kv, S, G, D], [.., G]
+    if parts * part < end:
+        tail_out, tail_lse = flash(grouped[:, None], keys_buf[:, None, parts * part:end],
+                                   values_buf[:, None, parts * part:end], scale=scale)[:2]
+        out, lse = torch.cat((out, tail_out), 1), torch.cat((lse, tail_lse), 1)
+    weights = torch.softmax(lse.float(), dim=1)                      # [n_kv, S, G]
+    return (out.float() * weights[..., None]).sum(1).to(grouped.dtype)
 
 
 def _cat(modules: list) -> torch.Tensor:
