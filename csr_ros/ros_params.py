@@ -271,8 +271,9 @@ def check_robot_id(robot_id: str, *, where: str = "") -> str:
     if robot_id == "":
         return robot_id
     if len(robot_id) > MAX_ROBOT_ID_CHARS or not _ROBOT_ID.fullmatch(robot_id):
+        subject = where or f"robot_id {robot_id!r}"
         raise ConfigError(
-            f"{where or f'robot_id {robot_id!r}'} cannot name a robot: it travels in an HTTP header (the "
+            f"{subject} cannot name a robot: it travels in an HTTP header (the "
             "routing key of its requests), so it may hold only letters, digits, '_', '-', '.' "
             f"and '/', start with a letter, a digit or '_', and be at most {MAX_ROBOT_ID_CHARS}"
             " characters long (e.g. robot_a, warehouse/robot-7)")

@@ -34,7 +34,8 @@ from std_msgs.msg import String  # noqa: E402
 
 from csr_ros import ros_params  # noqa: E402
 from csr_ros.msg import PolicyDecision, StateChunk  # noqa: E402
-from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, chunk_event  # noqa: E402,E501
+from csr_ros.nodes.common import (CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS,  # noqa: E402
+                                  chunk_event)
 from csr_ros.srv import GetChunks  # noqa: E402
 from ros_graph import Graph, NodeProcess, call, wait_for  # noqa: E402
 from test_nodes_ros_processes import wait_reliable_subscription  # noqa: E402

@@ -30,7 +30,8 @@ def test_robot_id_defaults_to_the_namespace_without_its_leading_slash():
 
 
 @pytest.mark.parametrize("bad", ["robot a", "robot_a\r\nX-Injected: 1", "röbot", "-robot",
-                                 "/robot_a", '"robot_a"', "robot;a", "r" * (MAX_ROBOT_ID_CHARS + 1)])
+                                 "/robot_a", '"robot_a"', "robot;a",
+                                 "r" * (MAX_ROBOT_ID_CHARS + 1)])
 def test_a_robot_id_that_cannot_travel_in_an_http_header_is_refused_saying_what_is_allowed(bad):
     with pytest.raises(ConfigError, match=r"it travels in an HTTP header .* only letters, "
                                           r"digits, '_', '-', '\.' and '/'"):
