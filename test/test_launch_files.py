@@ -431,3 +431,30 @@ def test_replay_launch_with_a_namespace_feeds_that_robots_nodes_from_the_bag(
     finally:
         probe.destroy_node()
         rclpy.try_shutdown()
+
+
+def test_all_launch_with_a_namespace_puts_both_processes_nodes_under_it(launched, tmp_path):
+    """all_in_one's two nodes (reconciler and policy, named in the code) and the aggregator
+    land in /robot_a; Ctrl-C during the model load still stops everything cleanly."""
+    import rclpy
+    from rclpy.node import Node
+
+    rclpy.init()
+    probe = Node("launch_probe")
+    try:
+        run = launched("all.launch.py", "namespace:=robot_a",
+                       f"params_file:={local_params(tmp_path)}")
+        run.wait_output("loading the model", timeout_s=120.0)
+        wanted = {("aggregator", "/robot_a"), ("reconciler", "/robot_a"), ("policy", "/robot_a")}
+        deadline = time.monotonic() + 30.0
+        while not wanted <= set(probe.get_node_names_and_namespaces()) and \
+                time.monotonic() < deadline:
+            rclpy.spin_once(probe, timeout_sec=0.2)
+        names = set(probe.get_node_names_and_namespaces())
+        assert wanted <= names, names
+        assert not {("aggregator", "/"), ("reconciler", "/"), ("policy", "/")} & names, names
+        assert run.interrupt() == 0, run.output
+        assert not run.left_running(), run.output
+    finally:
+        probe.destroy_node()
+        rclpy.try_shutdown()
