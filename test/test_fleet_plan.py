@@ -143,14 +143,21 @@ def test_vllm_prefix_cache_counters_give_a_servers_hit_ratio_over_a_run():
     assert delta["kv_cache_usage"] == pytest.approx(0.25)
 
 
-def test_the_routing_key_is_robot_role_and_generation_and_absent_without_a_robot():
+def test_the_routing_key_is_robot_and_state_version_and_absent_without_a_robot():
     plain = OpenAIResource("http://127.0.0.1:9", check_health=False)
-    assert plain.routing_key is None
+    assert plain.routing_key is None and plain.routing_key_for(3) is None
     keyed = OpenAIResource("http://127.0.0.1:9", name="r2", robot_id="robot_4",
                            check_health=False)
-    assert keyed.routing_key == "robot_4/r2/0"
-    keyed.load(())                       # a new committed run: a new key
-    assert keyed.routing_key == "robot_4/r2/1"
+    assert keyed.routing_key == "robot_4/v0"
+    keyed.load((), version=3)            # the run of version 3: its key
+    assert keyed.routing_key == "robot_4/v3"
+    keyed.extend((), version=3)
+    keyed.load(())                       # no version given: the run's version stays
+    assert keyed.routing_key == "robot_4/v3"
+    # Another client of the same robot (a policy in its own process) keys version 3 the same.
+    other = OpenAIResource("http://127.0.0.1:9", name="r1", robot_id="robot_4",
+                           check_health=False)
+    assert other.routing_key_for(3) == keyed.routing_key
     assert ROUTING_KEY_HEADER == "X-Session-ID"
 
 

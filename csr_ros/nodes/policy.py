@@ -413,10 +413,9 @@ class PolicyNode(Node):
                     on_token=None) -> PolicyDecision:
         """On the worker thread: answer on the primary server."""
         resource = self._http_resource(url, name, int(request.version))
-        key = resource.routing_key
         result = resource.query(request, max_new_tokens=max_new_tokens, constraint=constraint,
                                 on_token=on_token)
-        self.last_routing_key = key
+        self.last_routing_key = resource.last_routing_key
         return self._decision(request, result, result.ttft_s, task, started_ns, bound,
                               max_new_tokens)
 

@@ -375,6 +375,8 @@ class Reconciler:
         kwargs = {}
         if cmd.timeout_s is not None and getattr(resource, "supports_timeout", False):
             kwargs["timeout_s"] = cmd.timeout_s
+        if getattr(resource, "routes_by_version", False):
+            kwargs["version"] = int(cmd.version)    # its routing key behind a router
         reconciling = cmd.purpose in ("warm", "catchup")
         urgent = self._urgent_reconciling()
         _set_background(resource, reconciling and not urgent, few_threads=reconciling or urgent)

@@ -22,13 +22,16 @@ Only the synchronous client is used here. `trust_env=False` everywhere: a proxy 
 environment must not reroute traffic meant for a server on this host.
 
 Behind a router (vllm-router, a pool of servers at one URL), `robot_id` gives every completion
-a routing key, the `X-Session-ID` header: `<robot_id>/<name>/<generation>`, where `name` is the
-resource's role (r1, r2) and `generation` counts the committed runs this object has started
-(each load() starts one: a new state version on this role). The router's `consistent_hash`
-policy reads that header first, before any body field, so every request about one committed
-run (its warm-up, its catch-ups, its queries) reaches one server, whose prefix cache holds it.
-A reconciliation's warm-up of the next version on the other role is a new key: it lands where
-the router puts that key, and after the swap the queries, sent with the same key, follow it.
+a routing key, the `X-Session-ID` header: `<robot_id>/v<version>`, the CSR state version the
+request is about: a query's `Request.version`, and for load()/extend() the `version=` their
+caller passes (the reconcile driver passes its Load/Extend's version; without one the version
+of the last load stays). Every process of a robot folds the same versions from the same event
+streams, so a policy node in its own process and the reconciler that warmed that version send
+the same key without sharing an object. The router's `consistent_hash` policy reads that header
+first, before any body field, so every request about one version (its warm-up, its catch-ups,
+its queries, its stragglers) reaches one server, whose prefix cache holds it. A reconciliation's
+warm-up of the next version is a new key: it lands where the router puts that key, and after
+the swap the queries of that version, sent with the same key, follow it.
 A header and not the body's `user` field, because the header changes nothing a server reads
 (the body stays byte for byte what it is without a router) and the router reads it without
 parsing the body. With robot_id "" no header is sent.
@@ -121,7 +124,8 @@ class OpenAIResource:
             raise ConfigError(f"robot_id must be printable ASCII without surrounding spaces "
                               f"(it travels in an HTTP header), got {robot_id!r}")
         self.robot_id = robot_id
-        self._generation = 0                        # committed runs started (load() calls)
+        self._routing_version = 0                   # the version the committed run belongs to
+        self.last_routing_key: str | None = None    # what the last request was sent with
         self.url = url.rstrip("/")
         self.name = name
         self.model = model
@@ -190,12 +194,19 @@ class OpenAIResource:
         tally["prompt_tokens"] += int(usage["prompt_tokens"])
         tally["cached_tokens"] += int(details["cached_tokens"])
 
+    # Resources that take `version=` in load()/extend() (the reconcile driver asks for this).
+    routes_by_version = True
+
     @property
     def routing_key(self) -> str | None:
-        """The `X-Session-ID` this object sends now (None without a robot_id)."""
+        """The `X-Session-ID` of the committed run's version (None without a robot_id)."""
+        return self.routing_key_for(self._routing_version)
+
+    def routing_key_for(self, version: int) -> str | None:
+        """The `X-Session-ID` of requests about state `version` (None without a robot_id)."""
         if not self.robot_id:
             return None
-        return f"{self.robot_id}/{self.name}/{self._generation}"
+        return f"{self.robot_id}/v{int(version)}"
 
     @property
     def state_mode(self) -> str:
@@ -295,11 +306,14 @@ class OpenAIResource:
 
     # -- warm-up and catch-up (prefill only) -------------------------------------------------
 
-    def load(self, ids: Sequence[int], text: str | None = None) -> PrefillResult:
-        """Replace the committed run: prefill `ids` (or `text`, in text mode), decode nothing."""
+    def load(self, ids: Sequence[int], text: str | None = None, *,
+             version: int | None = None) -> PrefillResult:
+        """Replace the committed run: prefill `ids` (or `text`, in text mode), decode nothing.
+        `version`: the state version of the run (its routing key behind a router)."""
         ids = tuple(ids)
         with self._lock:
-            self._generation += 1                   # a new committed run: a new routing key
+            if version is not None:
+                self._routing_version = int(version)
             if not ids:
                 self._committed_ids, self._committed_text = (), ""
                 return PrefillResult(n_tokens=0, seconds=0.0, n_committed=0)
@@ -308,10 +322,13 @@ class OpenAIResource:
             self._committed_ids, self._committed_text = ids, text
             return PrefillResult(n_tokens=len(ids), seconds=seconds, n_committed=len(ids))
 
-    def extend(self, ids: Sequence[int], text: str | None = None) -> PrefillResult:
+    def extend(self, ids: Sequence[int], text: str | None = None, *,
+               version: int | None = None) -> PrefillResult:
         """Append to the committed run. The whole run is sent; the server reuses its prefix."""
         ids = tuple(ids)
         with self._lock:
+            if version is not None:
+                self._routing_version = int(version)
             if not ids:
                 return PrefillResult(n_tokens=0, seconds=0.0, n_committed=self.n_committed)
             new_text = self._text_of(ids, text)
@@ -361,7 +378,8 @@ class OpenAIResource:
             finish_reason: str | None = None
             first_token_at: float | None = None
             started = time.monotonic()
-            response = self._send(body, stream=True)
+            response = self._send(body, stream=True,
+                                  key=self.routing_key_for(request.version))
             try:
                 for event in self._events(response, n_received=lambda: len(pieces)):
                     usage = event.get("usage") or usage
@@ -649,9 +667,11 @@ class OpenAIResource:
             raise _error_from_body(payload, self.url)
         return payload
 
-    def _send(self, body: dict, *, stream: bool) -> httpx.Response:
-        """POST /v1/completions; retried only while no connection could be made."""
-        key = self.routing_key
+    def _send(self, body: dict, *, stream: bool, key: str | None = None) -> httpx.Response:
+        """POST /v1/completions; retried only while no connection could be made. `key`: the
+        routing key (default: the committed run's)."""
+        key = self.routing_key if key is None else key
+        self.last_routing_key = key
         headers = {ROUTING_KEY_HEADER: key} if key is not None else None
         request = self._client.build_request("POST", "/v1/completions", json=body,
                                              headers=headers)
