@@ -8,7 +8,7 @@ The command starts P servers on this machine (vLLM's CPU backend by default, eac
 cores; or llama.cpp's server), then for every routing policy and every K a fresh `vllm-router`
 in front of them, and K robots at once: each the demo's episode loop (csr_ros.tools.demo) with
 its own seed, CSR state, ASR pair and 2 Hz policy, its two roles (r1, r2) both at the router's
-URL with the routing key `X-Session-ID: robot_k/<role>/<generation>` (OpenAIResource
+URL with the routing key `X-Session-ID: robot_k/v<version>` (OpenAIResource
 robot_id). For each run it reports the hit ratio (the servers' cached_tokens over the prompt
 tokens of the robots' queries), TTFT p50/p99, the slowest robot's decisions per second,
 swaps, fallbacks, chunks lost, the router's requests per server (its Prometheus counters), and
