@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from csr_ros.errors import ConfigError
+from csr_ros.errors import ConfigError, ResourceError, ResourceTimeoutError
 from csr_ros.fleet import (RunSpec, cache_counters, markdown_table, merge_usage, parse_counts,
                            plan_runs, robot_id, robot_seed, robot_summary, run_summary,
                            server_cache_delta)
@@ -150,21 +150,26 @@ def run_once(pool: ServerPool, spec: RunSpec, args: argparse.Namespace) -> dict:
     threads = [threading.Thread(target=_robot, name=f"robot-{k}", daemon=True,
                                 args=(k, spec, args, router_url, pool.engine, results, errors))
                for k in range(spec.robots)]
+    load_before = os.getloadavg()[0]
     started_s = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(args.duration_s + ROBOT_END_GRACE_S)
     duration_s = time.monotonic() - started_s
-    if errors or any(r is None for r in results):
-        raise ConfigError(f"run {spec.index} ({spec.robots} robots, {spec.routing}): "
-                          + ("; ".join(errors) or "a robot did not finish in time"))
+    what = f"run {spec.index} ({spec.robots} robots, {spec.routing})"
+    if errors:
+        raise ResourceError(f"{what}: " + "; ".join(errors))
+    if any(r is None for r in results):
+        raise ResourceTimeoutError(f"{what}: a robot was still running "
+                                   f"{ROBOT_END_GRACE_S:.0f} s after --duration-s")
     after = {url: cache_counters(s) for url, s in pool.server_metrics().items()}
     summary = run_summary(spec, results, duration_s=round(duration_s, 3),
                           routing_counts=pool.routing_counts(), memory_bytes=pool.memory_bytes(),
                           server_cache={url: server_cache_delta(before.get(url, {}), after[url])
                                         for url in after},
                           engine=pool.engine)
+    summary["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     pool.stop_router()
     return summary
 
