@@ -149,12 +149,7 @@ def plot_bench(rows: list[dict], path: str | Path) -> Path:
     else:
         ax_capsule.text(0.5, 0.5, "no capsule rows\n(HTTP resources have none)",
                         ha="center", va="center", transform=ax_capsule.transAxes)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_fleet(runs: list[dict], path: str | Path) -> Path:
@@ -190,6 +185,13 @@ def plot_fleet(runs: list[dict], path: str | Path) -> Path:
     ax_hit.set_ylabel("cached / prompt tokens of the queries")
     ax_hit.set_ylim(0, 1.05)
     ax_hit.set_title("prefix-cache hit ratio")
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Lay out, write as PNG (creating the folder) and close a figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
