@@ -422,7 +422,12 @@ def _summarize(rec: Reconciler, r: _Run, args, mode: str, started_s: float,
     check = books.check(sent)
     lost, duplicated, in_order = check["lost"], check["duplicated"], check["in_order"]
     committed = _committed_ids(rec.resources[books.primary])
-    consistent = (committed is None or active_ids[:len(committed)] == committed) and in_order
+    # A primary still re-prefilling the active state when the run ended (an overloaded run whose
+    # grace ran out) holds the run it had until that load completes: stale by design, not a
+    # diverged state, so only then may its committed run differ from the active one.
+    reloading = bool(rec.machine.primary_reloading)
+    consistent = (committed is None or active_ids[:len(committed)] == committed
+                  or reloading) and in_order
     ok = [o for o in r.outcomes if o.ttft_s is not None]
     duration_s = time.monotonic() - started_s
     latencies_s = [o.ttft_s + o.result.decode_s for o in ok]
@@ -451,6 +456,7 @@ def _summarize(rec: Reconciler, r: _Run, args, mode: str, started_s: float,
         "chunks_active": len(books.active_seqs), "chunks_evicted": len(books.evicted_seqs),
         "final_static_tokens": len(active_ids), "final_version": books.version,
         "state_consistent": consistent,
+        "primary_reloading_at_end": reloading,
         "queries": len(r.outcomes), "failed_queries": len(r.outcomes) - len(ok),
         "skipped_ticks": r.skipped_ticks,
         "valid_actions": sum(d.valid for d in r.decisions),
@@ -573,7 +579,8 @@ def format_report(s: dict) -> str:
         f"  cycles {s['cycles']}  swaps {s['swaps']}  sync evictions {s['sync_evictions']}  "
         f"fallbacks {s['fallbacks']}  retries {s['retries']}  failovers {s['failovers']}",
         f"  chunks in {s['chunks_in']}  lost {s['chunks_lost']}  active {s['chunks_active']}  "
-        f"evicted {s['chunks_evicted']}  state consistent {s['state_consistent']}",
+        f"evicted {s['chunks_evicted']}  state consistent {s['state_consistent']}"
+        f"{'  (the primary was still re-prefilling it)' if s.get('primary_reloading_at_end') else ''}",
         f"  queries {s['queries']}  failed {s['failed_queries']}  skipped ticks "
         f"{s['skipped_ticks']}  decisions/s {_num(s['decisions_per_s'])}",
         f"  actions ({s['actions_mode']}): valid {s['valid_actions']}/{s['decisions']} "
