@@ -1,6 +1,6 @@
 """The fleet's pure parts: run plan, seeds, hit ratio, summaries, table; the router's command
 line and metric readers; the resource's routing key. No server: the runs themselves are in
-test/test_fleet_router_vllm.py, against real vLLM servers behind a real vllm-router."""
+test/test_vllm_router_fleet.py, against real vLLM servers behind a real vllm-router."""
 
 from __future__ import annotations
 
