@@ -65,7 +65,6 @@ class ReconcilerNode(Node):
         self.capacity_said_s = 0.0
         self.ops: list = []                    # load/extend timings of the resources
         self.resources: list | None = None
-        self.by_name: dict[str, object] = {}   # name → resource (not timed): routing keys
         self.driver: Reconciler | None = None
         self.urls: dict[str, str] = {}
         self.published_version: int | None = None
@@ -156,7 +155,6 @@ class ReconcilerNode(Node):
             for resource in built:
                 resource.close()
             raise
-        self.by_name = {r.name: r for r in built}
         return [TimedResource(r, self.ops, time.monotonic) for r in built]
 
     def _check_context(self, built: list) -> None:
@@ -344,7 +342,8 @@ class ReconcilerNode(Node):
 
     def routing_key(self, name: str) -> str | None:
         """The routing key resource `name` sends now (None: no robot_id, or a local one)."""
-        return getattr(self.by_name.get(name), "routing_key", None)
+        resource = next((r for r in self.resources or [] if r.name == name), None)
+        return getattr(resource, "routing_key", None)   # TimedResource forwards the attribute
 
     def active_chunks(self) -> list:
         """The chunks of the active version (for a policy node in the same process)."""
@@ -391,7 +390,7 @@ class ReconcilerNode(Node):
                    KeyValue(key="stream_restarts", value=str(self.stream_restarts))]
         if self.robot_id:
             values.append(KeyValue(key="robot_id", value=self.robot_id))
-        for name in sorted(self.by_name):
+        for name in sorted(r.name for r in self.resources or []):
             key = self.routing_key(name)
             if key is not None:
                 values.append(KeyValue(key=f"routing_key.{name}", value=key))
