@@ -79,6 +79,26 @@ def resolve_model_dir(model: str = DEFAULT_MODEL, *, weights: bool = True) -> Pa
     return path
 
 
+def training_context_tokens(model: str = DEFAULT_MODEL) -> int | None:
+    """The context length `model` was trained for: its config's max_position_embeddings, or,
+    for a GGUF not converted with weights, the GGUF's `<architecture>.context_length`; None
+    when neither says."""
+    try:
+        gguf = resolve_gguf(model)
+    except ModelNotFoundError:
+        gguf = None
+    directory = resolve_model_dir(model, weights=False)
+    config = directory / "config.json"
+    if config.is_file():
+        value = json.loads(config.read_text()).get("max_position_embeddings")
+        return int(value) if value else None
+    if gguf is None:
+        return None
+    arch = _gguf_field(gguf, "general.architecture")
+    value = _gguf_field(gguf, f"{arch}.context_length") if arch else None
+    return int(value) if value else None
+
+
 def model_fingerprint(model_dir: Path) -> str:
     """A short stable id of the weights in `model_dir` (config plus weight file sizes/hashes)."""
     marker = model_dir / _MARKER

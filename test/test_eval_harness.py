@@ -223,6 +223,21 @@ def test_a_short_evaluation_runs_every_method_on_the_local_engine(tmp_path, caps
 
 
 @pytest.mark.slow
+def test_a_short_evaluation_runs_every_method_on_llama_cpp_in_process(tmp_path, capsys):
+    from csr_ros.cli import main
+
+    assert main(_tiny_args(tmp_path, "--threads", "1", "--backend", "llamacpp")) == 0
+    by = _check_report(tmp_path, 3)
+    # forks of the llama.cpp engine keep CSR's history cached as the torch engine's do
+    assert by["csr"]["recomputed_tokens_mean"] < by["csr"]["prompt_tokens_mean"] / 2
+    assert by["bm25"]["recomputed_tokens_mean"] > by["csr"]["recomputed_tokens_mean"]
+    report = json.loads((tmp_path / "e.json").read_text())
+    assert report["meta"]["backend"] == "llamacpp"
+    assert report["meta"]["max_context_tokens"] <= 8192
+    assert all(r["interleaved"] for r in report["methods"])
+
+
+@pytest.mark.slow
 @pytest.mark.server
 def test_a_short_evaluation_runs_over_a_real_llama_cpp_server(tmp_path, llama_server, capsys):
     from csr_ros.cli import main

@@ -35,6 +35,7 @@ PROFILE = (
     "oldest first, then the current time and one question about what it observed. Answer from "
     "the observations, with the answer only, no explanation.")
 INSTANT_STALE_S = 30.0
+LOCAL_MAX_CONTEXT_TOKENS = 8192     # the local engine's default ceiling (K/V per method fork)
 
 
 @dataclass(frozen=True)
@@ -96,15 +97,23 @@ class EvalResources:
     def max_context_tokens(self) -> int:
         return min(self.primary.max_context_tokens, self.secondary.max_context_tokens)
 
+    @property
+    def backend(self) -> str | None:
+        """The local engine's backend (torch or llamacpp); None over HTTP."""
+        return getattr(self.primary, "backend", None)
+
     @classmethod
     def local(cls, model: str = "smollm2", *, max_context_tokens: int | None = None,
-              threads: int | None = None, engine=None) -> "EvalResources":
+              threads: int | None = None, engine=None, backend: str = "auto") -> "EvalResources":
+        """`max_context_tokens` None: the model's context, at most LOCAL_MAX_CONTEXT_TOKENS."""
         from csr_ros.resources.local import LocalResource
 
         owns = engine is None
         if engine is None:
+            if max_context_tokens is None:
+                max_context_tokens = _local_max_context(model, backend)
             primary = LocalResource(model, name="local-r1", threads=threads,
-                                    max_context_tokens=max_context_tokens)
+                                    max_context_tokens=max_context_tokens, backend=backend)
             engine = primary.engine
         else:
             primary = LocalResource.from_engine(engine, name="local-r1")
@@ -162,6 +171,15 @@ class EvalResources:
             return
         self.secondary.close()
         self.primary.close()
+
+
+def _local_max_context(model: str, backend: str) -> int:
+    """The model's training context, at most LOCAL_MAX_CONTEXT_TOKENS: every method runs on a
+    fork of its own, and each fork holds K/V for a whole context."""
+    from csr_ros.model_store import training_context_tokens
+
+    trained = training_context_tokens(model)
+    return min(LOCAL_MAX_CONTEXT_TOKENS, trained or LOCAL_MAX_CONTEXT_TOKENS)
 
 
 def build_method(spec: MethodSpec, resources: EvalResources):

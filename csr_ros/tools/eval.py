@@ -55,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="local: 'smollm2' (default), a prepared catalog model (csr-ros model "
                           "list) or a model dir; openai: the served model id")
     res.add_argument("--threads", type=int, default=None, help="local engine CPU threads")
+    res.add_argument("--backend", choices=("auto", "torch", "llamacpp"), default="auto",
+                     help="local engine: auto (what dtype auto picks on this CPU), torch, or "
+                          "llamacpp (the GGUF on llama.cpp's kernels, in process: no float32 "
+                          "conversion, the fast one for a 1.5B model on a CPU)")
     res.add_argument("--max-context", type=int, default=None,
                      help="context tokens (default: the model's, at most 8192 locally)")
     budget = parser.add_argument_group("budgets (comma-separated lists run each value)")
@@ -216,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {"input": [str(p) for p in args.input], "format": fmt,
                 "resource": args.resource, "urls": args.url, "model": args.model or "smollm2",
+                "backend": resources.backend,
                 "max_context_tokens": max_context, "match": args.match,
                 "choice_score": args.choice_score, "judge": judge_name,
                 "n_episodes": len(episodes),
@@ -279,13 +284,8 @@ def make_resources(args):
         if args.url:
             raise ConfigError("--url is for --resource openai")
         model = args.model or "smollm2"
-        max_context = args.max_context
-        if max_context is None:
-            from csr_ros.model_store import resolve_model_dir
-
-            config = json.loads((resolve_model_dir(model) / "config.json").read_text())
-            max_context = min(8192, int(config.get("max_position_embeddings") or 8192))
-        return EvalResources.local(model, max_context_tokens=max_context, threads=args.threads)
+        return EvalResources.local(model, max_context_tokens=args.max_context,
+                                   threads=args.threads, backend=args.backend)
     if not args.url:
         raise ConfigError("--resource openai needs --url (once, or twice for R1 and R2)")
     options = {"max_context_tokens": args.max_context}
