@@ -11,6 +11,10 @@ from csr_ros.ros_domain import free_ros_domain
 # test modules is one fixture per module, and each module's pair stayed up to the end of the
 # session (two pairs at once, about 9 GB, ran the CI machine out of memory).
 from vllm_server import vllm_pair, vllm_server  # noqa: E402,F401  (fixtures)
+# The same for the llama.cpp servers: one session server for every module that asks for it
+# (imported into ten modules, it was ten servers, each up to the session's end).
+from llama_server import (fresh_llama_server, llama_server, llama_server_pair,  # noqa: E402,F401
+                          llama_server_with_key)
 
 # -- ROS 2: an isolated graph per run, and no silent skips where ROS is expected ---------------
 

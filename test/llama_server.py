@@ -1,12 +1,11 @@
 """A real OpenAI-compatible server for tests: llama-cpp-python serving the SmolLM2 GGUF.
 
-    from llama_server import llama_server, fresh_llama_server  # noqa: F401  (fixtures)
-
-    def test_something(llama_server):
+    def test_something(llama_server):      # the fixtures are test/conftest.py's
         resource = make_resource("openai", url=llama_server.url)
 
 `llama_server` is one server per test session (loopback, a free port, n_ctx 8192, one
-thread); `fresh_llama_server` is one per test, for tests that kill and restart it;
+thread; defined once, in conftest.py: imported into several modules it would be one per
+module); `fresh_llama_server` is one per test, for tests that kill and restart it;
 `llama_server_pair` is two per test (R1 and R2 for ASR). All skip with the reason when
 llama-cpp-python or the model is not installed.
 """

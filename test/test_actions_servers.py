@@ -13,7 +13,6 @@ import json
 
 import httpx
 import pytest
-from llama_server import llama_server  # noqa: F401  (fixture)
 from test_openai_vllm_protocol import VllmLikeServer, robot_state
 
 from csr_ros.actions import Vocabulary

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from csr_ros.bench_report import capsule_row, format_table, prefill_row, spread, summarize, ttft_row
-from llama_server import llama_server  # noqa: F401  (fixture)
 
 
 def test_a_spread_reports_median_extremes_and_quartiles():

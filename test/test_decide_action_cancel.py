@@ -14,7 +14,6 @@ from csr_ros.errors import QueryCancelledError
 from csr_ros.layout import Layout
 from csr_ros.resources.base import QueryResult
 from csr_ros.state import CsrState
-from llama_server import llama_server  # noqa: F401  (fixture)
 
 
 def wait_for(condition, *, timeout_s: float, what: str) -> None:

@@ -23,7 +23,6 @@ from csr_ros.msg import PolicyDecision  # noqa: E402
 from csr_ros.nodes.common import DECISIONS_QOS  # noqa: E402
 from csr_ros.nodes.policy import PolicyNode  # noqa: E402
 from csr_ros.ros_params import DEFAULT_ACTIONS  # noqa: E402
-from llama_server import llama_server  # noqa: E402,F401  (fixture)
 from ros_graph import Graph, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros

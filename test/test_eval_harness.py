@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from llama_server import llama_server  # noqa: F401  (fixture)
 
 from csr_ros.errors import ConfigError
 from csr_ros.eval.episode import (EvalEpisode, Observation, Question, ama_episodes,

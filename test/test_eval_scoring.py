@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from llama_server import llama_server  # noqa: F401  (fixture)
 
 from csr_ros.eval.judge import Judge, judge_messages, last_yes_no, read_verdict
 from csr_ros.eval.scoring import answer_tokens, exact_match, normalize_answer, token_f1

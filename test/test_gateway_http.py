@@ -11,7 +11,6 @@ import httpx
 import pytest
 
 from csr_ros.servers import LOOPBACK, ManagedServer, free_port
-from llama_server import fresh_llama_server, llama_server, llama_server_pair  # noqa: F401
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 openai = pytest.importorskip("openai")

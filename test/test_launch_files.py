@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from llama_server import llama_server_pair  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,6 @@ import time
 
 import pytest
 import yaml
-from llama_server import llama_server_pair  # noqa: F401  (fixture)
 
 from conftest import ros_missing
 

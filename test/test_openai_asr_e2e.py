@@ -9,7 +9,6 @@ from csr_ros.reconcile.driver import Reconciler
 from csr_ros.reconcile.machine import Phase, ReconcileConfig
 from csr_ros.resources.openai import OpenAIResource
 from csr_ros.state import CsrState
-from llama_server import llama_server_pair  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from csr_ros.cli import main
-from llama_server import llama_server  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.server
 

@@ -15,7 +15,6 @@ from csr_ros.errors import ResourceError, ResourceTimeoutError, ResourceUnavaila
 from csr_ros.layout import Layout
 from csr_ros.resources.openai import OpenAIResource
 from csr_ros.state import CsrState
-from llama_server import fresh_llama_server, llama_server_with_key  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.server
 

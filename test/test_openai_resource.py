@@ -18,7 +18,6 @@ from csr_ros.resources.openai import OpenAIResource
 from csr_ros.resources.remote_tokenizer import RemoteTokenizer
 from csr_ros.servers import free_port
 from csr_ros.state import CsrState
-from llama_server import llama_server  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.server
 

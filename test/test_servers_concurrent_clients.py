@@ -14,7 +14,6 @@ from csr_ros.actions import Vocabulary
 from csr_ros.layout import Layout
 from csr_ros.resources.openai import OpenAIResource
 from csr_ros.state import CsrState
-from llama_server import llama_server  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.server
 

@@ -9,7 +9,6 @@ import pytest
 
 from csr_ros.errors import ResourceTimeoutError, ResourceUnavailableError
 from csr_ros.servers import ManagedServer, free_port, wait_healthy
-from llama_server import fresh_llama_server  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.server
 
