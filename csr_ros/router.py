@@ -47,11 +47,28 @@ ROUTER_ENV = "CSR_ROS_VLLM_ROUTER"             # the vllm-router executable, whe
 _VENV_VLLM_ROUTER = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "vllm-router"
 ROUTED_COUNTER = "vllm_router_processed_requests"   # prometheus_client drops the `_total`
 SERVED_MODEL_NAME = "smollm2"
-# vLLM CPU servers of a pool: the test fixture's settings (test/vllm_server.py), whole GiB of
-# KV cache each (VLLM_CPU_KVCACHE_SPACE); stats stay on so /metrics counts prefix-cache hits.
+# vLLM CPU servers of a pool: the test fixture's settings (test/vllm_server.py), the KV cache
+# in bytes (`vllm_pool_server`); stats stay on so /metrics counts prefix-cache hits.
 VLLM_MAX_MODEL_LEN = 8192
 VLLM_BLOCK_SIZE = 32
 VLLM_EXTRA_ARGS = ("--enforce-eager", "--max-num-seqs", "8")
+
+
+def vllm_pool_server(model_dir: str, *, port: int, cpus: str, kv_cache_gib: float,
+                     n_ctx: int = VLLM_MAX_MODEL_LEN,
+                     base_env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) of one vLLM CPU server of a pool. Its KV cache is given in bytes
+    (`--kv-cache-memory-bytes`), so a pool can be short of memory by a fraction of a GiB;
+    VLLM_CPU_KVCACHE_SPACE (whole GiB) would override it and is removed from the environment."""
+    if not kv_cache_gib > 0:
+        raise ConfigError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
+    env = vllm_env(cpus=cpus, base=base_env)
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    extra = VLLM_EXTRA_ARGS + ("--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30)))
+    command = vllm_command(model_dir, port=port, max_model_len=n_ctx,
+                           served_model_name=SERVED_MODEL_NAME, dtype=cpu_dtype(),
+                           block_size=VLLM_BLOCK_SIZE, extra_args=extra)
+    return command, env
 
 
 def vllm_router_executable() -> str:
@@ -160,10 +177,13 @@ class ServerPool:
         return self.router.url
 
     @classmethod
-    def start(cls, engine: str, n_servers: int, *, log_dir: Path, kv_cache_gib: int = 1,
+    def start(cls, engine: str, n_servers: int, *, log_dir: Path, kv_cache_gib: float = 1,
               n_ctx: int = VLLM_MAX_MODEL_LEN, timeout_s: float = 1800.0,
               progress=None) -> "ServerPool":
-        """Start `n_servers` on free loopback ports, each on its own cores, all at once."""
+        """Start `n_servers` on free loopback ports, each on its own cores, all at once.
+
+        `kv_cache_gib`: each vLLM server's KV cache, any size that holds one `n_ctx` sequence
+        (a fraction of a GiB models a pool short of memory)."""
         if engine not in ENGINES:
             raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
         if n_servers < 1:
@@ -180,14 +200,11 @@ class ServerPool:
                 else [str(i % n_cores) for i in range(n_servers)]
             for i, cpus in enumerate(cores):
                 port = free_port()
+                command, env = vllm_pool_server(str(model_dir), port=port, cpus=cpus,
+                                                kv_cache_gib=kv_cache_gib, n_ctx=n_ctx)
                 servers.append(ManagedServer(
                     name=f"vllm-{i}", url=f"http://{LOOPBACK}:{port}",
-                    log_path=log_dir / f"vllm-{i}.log",
-                    env=vllm_env(cpus=cpus, kv_cache_gib=kv_cache_gib),
-                    command=vllm_command(str(model_dir), port=port, max_model_len=n_ctx,
-                                         served_model_name=SERVED_MODEL_NAME,
-                                         dtype=cpu_dtype(), block_size=VLLM_BLOCK_SIZE,
-                                         extra_args=VLLM_EXTRA_ARGS)))
+                    log_path=log_dir / f"vllm-{i}.log", env=env, command=command))
         else:
             from csr_ros.model_store import default_gguf_path
 

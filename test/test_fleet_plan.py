@@ -12,7 +12,7 @@ from csr_ros.fleet import (RUN_KEYS, RunSpec, cache_counters, hit_ratio, markdow
                            robot_summary, run_summary, server_cache_delta)
 from csr_ros.resources.openai import ROUTING_KEY_HEADER, OpenAIResource
 from csr_ros.router import (ROUTER_POLICIES, counter_value, parse_metrics, routed_per_worker,
-                            router_command)
+                            router_command, vllm_pool_server)
 
 WORKERS = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
 # vllm-router 0.1.17's /metrics after 16 completions with consistent_hash (as it wrote them)
@@ -128,6 +128,16 @@ def test_router_command_names_the_workers_policy_and_metrics_port():
         router_command(WORKERS, port=1, policy="nearest", executable="vllm-router")
     with pytest.raises(ConfigError, match="worker"):
         router_command([], port=1, policy="round_robin", executable="vllm-router")
+
+
+def test_a_pool_servers_kv_cache_is_given_in_bytes_so_a_fraction_of_a_gib_works():
+    command, env = vllm_pool_server("/models/smollm2", port=8001, cpus="1", kv_cache_gib=0.375,
+                                    base_env={"VLLM_CPU_KVCACHE_SPACE": "4", "PATH": "/bin"})
+    assert command[command.index("--kv-cache-memory-bytes") + 1] == str(3 * 2**27)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env        # whole GiB, and it would override bytes
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["PATH"] == "/bin"
+    with pytest.raises(ConfigError, match="kv_cache_gib must be positive"):
+        vllm_pool_server("/models/smollm2", port=8001, cpus="1", kv_cache_gib=0)
 
 
 def test_routed_counts_are_read_per_worker_from_the_routers_metrics():

@@ -77,8 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"episode chunks per second per robot (default {d['chunk_rate_hz']})")
     parser.add_argument("--rate-hz", type=float, default=d["rate_hz"],
                         help=f"decisions per second per robot (default {d['rate_hz']})")
-    parser.add_argument("--kv-cache-gib", type=int, default=d["kv_cache_gib"],
-                        help=f"vLLM: KV cache per server in GiB (default {d['kv_cache_gib']})")
+    parser.add_argument("--kv-cache-gib", type=float, default=d["kv_cache_gib"],
+                        help=f"vLLM: KV cache per server in GiB, fractions too (default "
+                             f"{d['kv_cache_gib']}; e.g. 0.375 for a pool short of memory, "
+                             "as long as one sequence of the servers' 8192 tokens fits)")
     parser.add_argument("--log-dir", type=Path, default=None,
                         help="server and router logs (default: a new temporary directory)")
     parser.add_argument("--json", type=Path, help="write {'runs': [...]} as JSON")
