@@ -231,8 +231,9 @@ def run(args: argparse.Namespace) -> int:
                              encoding="utf-8")
         _say(progress, f"wrote {args.json}")
     if args.plot is not None:
-        title = (f"{fmt}: {n_questions} questions, {args.resource} resource, budgets matched "
-                 f"by {' and '.join(matches)}")
+        engine = args.resource if resources.backend is None else f"{resources.backend} local"
+        title = (f"{fmt}: {n_questions} questions, {args.model or 'smollm2'} ({engine}), "
+                 f"budgets matched by {' and '.join(matches)}")
         _say(progress, f"wrote {plot_accuracy_vs_ttft(rows, args.plot, title=title)}")
     return 0
 
