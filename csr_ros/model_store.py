@@ -92,8 +92,11 @@ def training_context_tokens(model: str = DEFAULT_MODEL) -> int | None:
     if config.is_file():
         value = json.loads(config.read_text()).get("max_position_embeddings")
         return int(value) if value else None
-    if gguf is None:
-        return None
+    return None if gguf is None else gguf_context_length(gguf)
+
+
+def gguf_context_length(gguf: Path) -> int | None:
+    """A GGUF's training context: its `<general.architecture>.context_length` field."""
     arch = _gguf_field(gguf, "general.architecture")
     value = _gguf_field(gguf, f"{arch}.context_length") if arch else None
     return int(value) if value else None

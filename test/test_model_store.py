@@ -37,3 +37,14 @@ def test_any_local_model_directory_works(tmp_path):
     assert resolve_model_dir(str(tmp_path), weights=False) == tmp_path
     with pytest.raises(ModelNotFoundError, match="config.json"):
         resolve_model_dir(str(tmp_path), weights=True)
+
+
+def test_the_training_context_comes_from_the_config_or_else_from_the_gguf(tmp_path):
+    from csr_ros.model_store import default_gguf_path, gguf_context_length, training_context_tokens
+
+    assert training_context_tokens("smollm2") == 8192                 # the converted config
+    assert gguf_context_length(default_gguf_path()) == 8192           # the GGUF's own field
+    source = resolve_model_dir(weights=False)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((source / name).read_bytes())
+    assert training_context_tokens(str(tmp_path)) is None             # a directory that says nothing
