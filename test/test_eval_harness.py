@@ -222,6 +222,21 @@ def test_a_short_evaluation_runs_every_method_on_the_local_engine(tmp_path, caps
 
 
 @pytest.mark.slow
+def test_budgets_matched_by_ttft_measure_csrs_ttft_once_for_the_window_and_bm25(tmp_path,
+                                                                               capsys):
+    from csr_ros.cli import main
+
+    assert main(_tiny_args(tmp_path, "--threads", "1", "--match", "ttft")) == 0
+    err = capsys.readouterr().err
+    # one calibration (a prefill of CSR's typical history) serves both other methods
+    assert err.count("csr tau_mem=150: measuring TTFT on a typical question") == 1
+    assert err.count("csr tau_mem=150: TTFT ") == 1
+    report = json.loads((tmp_path / "e.json").read_text())
+    matched = {r["method"]: r["matched"] for r in report["methods"]}
+    assert matched["window"] == matched["bm25"] == "ttft of csr tau_mem=150"
+
+
+@pytest.mark.slow
 def test_a_short_evaluation_runs_every_method_on_llama_cpp_in_process(tmp_path, capsys):
     from csr_ros.cli import main
 
