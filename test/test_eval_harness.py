@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -205,9 +206,11 @@ def _check_report(tmp_path, n_questions: int) -> dict:
 
 
 @pytest.mark.slow
-def test_a_short_evaluation_runs_every_method_on_the_local_engine(tmp_path, capsys):
+def test_a_short_evaluation_runs_every_method_on_the_local_engine(tmp_path, capsys,
+                                                                  monkeypatch):
     from csr_ros.cli import main
 
+    monkeypatch.setattr("csr_ros.eval.run.REPLAY_PROGRESS_S", 0.0)   # a line per observation
     assert main(_tiny_args(tmp_path, "--threads", "1")) == 0
     by = _check_report(tmp_path, 3)
     # CSR's history stays cached: it recomputes only the question
@@ -217,6 +220,7 @@ def test_a_short_evaluation_runs_every_method_on_the_local_engine(tmp_path, caps
     err = capsys.readouterr().err
     # every question is asked of all methods in turn, each on its own fork of the engine
     assert "[1/3 t=6s recall] csr tau_mem=150: " in err and " | none: " in err
+    assert re.search(r"\[replay \S+\] 1/\d+ observations, \d+ s", err)     # the replay's progress
     report = json.loads((tmp_path / "e.json").read_text())
     assert all(r["interleaved"] for r in report["methods"])
 

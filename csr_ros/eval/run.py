@@ -35,6 +35,7 @@ PROFILE = (
     "oldest first, then the current time and one question about what it observed. Answer from "
     "the observations, with the answer only, no explanation.")
 INSTANT_STALE_S = 30.0
+REPLAY_PROGRESS_S = 30.0          # a progress line this often while chunks replay between questions
 LOCAL_MAX_CONTEXT_TOKENS = 8192     # the local engine's default ceiling (K/V per method fork)
 
 
@@ -266,14 +267,20 @@ def _evaluate_interleaved(episodes, specs, resources, *, max_new_tokens, choice_
                 method.begin(profile_text(episode, profile))
             evidence = evidence_keys(episode)
             instant: dict[str, InstantValue] = {}
+            n_observations, n_seen, said_s = len(episode.observations), 0, time.monotonic()
             for item in episode.timeline():
                 if isinstance(item, Observation):
+                    n_seen += 1
                     if item.instant:
                         instant[item.source] = InstantValue(item.source, item.text,
                                                             item.stamp_ns)
                     else:
                         for method in methods:
                             method.observe(item)
+                    if progress is not None and time.monotonic() - said_s >= REPLAY_PROGRESS_S:
+                        said_s = time.monotonic()
+                        progress(f"[replay {episode.name}] {n_seen}/{n_observations} "
+                                 f"observations, {said_s - started:.0f} s")
                     continue
                 suffix = (clock_suffix(instant, item.t_s, episode.start_ns)
                           if episode.clock else "")
