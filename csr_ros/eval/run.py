@@ -112,7 +112,7 @@ class EvalResources:
         owns = engine is None
         if engine is None:
             if max_context_tokens is None:
-                max_context_tokens = _local_max_context(model, backend)
+                max_context_tokens = _local_max_context(model)
             primary = LocalResource(model, name="local-r1", threads=threads,
                                     max_context_tokens=max_context_tokens, backend=backend)
             engine = primary.engine
@@ -174,7 +174,7 @@ class EvalResources:
         self.primary.close()
 
 
-def _local_max_context(model: str, backend: str) -> int:
+def _local_max_context(model: str) -> int:
     """The model's training context, at most LOCAL_MAX_CONTEXT_TOKENS: every method runs on a
     fork of its own, and each fork holds K/V for a whole context."""
     from csr_ros.model_store import training_context_tokens
