@@ -83,16 +83,14 @@ def training_context_tokens(model: str = DEFAULT_MODEL) -> int | None:
     """The context length `model` was trained for: its config's max_position_embeddings, or,
     for a GGUF not converted with weights, the GGUF's `<architecture>.context_length`; None
     when neither says."""
-    try:
-        gguf = resolve_gguf(model)
-    except ModelNotFoundError:
-        gguf = None
-    directory = resolve_model_dir(model, weights=False)
-    config = directory / "config.json"
+    config = resolve_model_dir(model, weights=False) / "config.json"
     if config.is_file():
         value = json.loads(config.read_text()).get("max_position_embeddings")
         return int(value) if value else None
-    return None if gguf is None else gguf_context_length(gguf)
+    try:
+        return gguf_context_length(resolve_gguf(model))
+    except ModelNotFoundError:          # a model directory, not a GGUF
+        return None
 
 
 def gguf_context_length(gguf: Path) -> int | None:
