@@ -115,3 +115,42 @@ def test_the_bench_runs_local_and_openai_side_by_side(llama_server, tmp_path):
     assert figures["decode_tokens_per_s"]["local_over_openai"] > 0
     assert figures["csr_ttft_s"]["local_over_openai"] > 0
     assert report["meta"]["engines"]["local"]["forward"] == "lean"
+
+
+def test_two_resources_take_each_timed_repeat_in_turn(monkeypatch):
+    """Side by side, decode and CSR repeats alternate between the resources one by one, so each
+    pair of samples is taken seconds apart under the same load."""
+    pytest.importorskip("torch")
+    from csr_ros.layout import Layout
+    from csr_ros.model_store import resolve_model_dir
+    from csr_ros.resources.local import LocalResource
+    from csr_ros.tokenizer import HFTokenizer
+    from csr_ros.tools.bench import bench_phases, interleaved
+
+    tokenizer = HFTokenizer(resolve_model_dir(weights=False))
+    layout = Layout.from_tokenizer(tokenizer)
+    calls: list[tuple[str, str]] = []
+    resources = [LocalResource(name=name, threads=1, max_context_tokens=512)
+                 for name in ("a", "b")]
+    try:
+        for resource in resources:
+            def recorded(*args, _name=resource.name, _call=resource.engine.query, **kwargs):
+                # The bench's decode runs ask the engine with EOS suppressed (no EOS ids).
+                calls.append((_name, "decode" if kwargs.get("eos_ids") == () else "query"))
+                return _call(*args, **kwargs)
+
+            monkeypatch.setattr(resource.engine, "query", recorded)
+        rows = interleaved([bench_phases(r, tokenizer, layout, ns=[64], ms=[4], repeats=3,
+                                         unordered=False) for r in resources])
+    finally:
+        for resource in resources:
+            resource.close()
+    decodes = [name for name, what in calls if what == "decode"]
+    queries = [name for name, what in calls if what == "query"]
+    assert decodes == ["a", "b"] * 3
+    assert queries == ["a", "b"] + ["a", "b"] * 3        # the warm-up, then the CSR repeats
+    csr = {r["resource"]: r for r in rows if r["method"] == "csr"}
+    assert set(csr) == {"a", "b"} and all(len(r["cached_tokens"]) == 3 for r in csr.values())
+    decode_rows = [r for r in rows if r["method"] == "prefill"]
+    assert {r["resource"] for r in decode_rows} == {"a", "b"}
+    assert all(r["decode_tokens_per_s"] > 0 for r in decode_rows)

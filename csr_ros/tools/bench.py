@@ -8,8 +8,9 @@ For every static length N and dynamic length M, on every resource:
   unordered  the dynamic tokens come first, so nothing is cached: every query prefills N + M
   capsule    (local only) snapshot and restore of the complete execution state at N
 Per resource and N also the cold prefill (tokens/s) and greedy decode speed (tokens/s, EOS
-suppressed). With several resources their phases run in turn and a side-by-side table of the
-headline figures (first resource / other) ends the output. The local engine runs `--dtype auto`
+suppressed). With several resources their timed repeats run in turn (a decode or CSR repeat of
+one, then the same of the next) and a side-by-side table of the headline figures (first resource /
+other) ends the output. The local engine runs `--dtype auto`
 unless told otherwise (see docs/engine.md). The prompt is real text: rendered synthetic robot
 observations in the model's chat template, tokenized with the model's tokenizer and assembled by
 CsrState. Every query carries a fresh
@@ -153,9 +154,10 @@ def bench_resource(resource, tokenizer, layout, *, ns: list[int], ms: list[int],
 
 
 def interleaved(phases: list) -> list[dict]:
-    """Run several resources' phases in turn (one phase of each, then the next), so a figure
-    and the same figure of the other resource are taken minutes apart at most: on a shared
-    machine the load then weighs on both alike."""
+    """Run several resources' phases in turn (one step of each, then the next). A timed
+    repeat is one step, so the same figure of two resources is taken in pairs seconds apart,
+    one repeat of each in turn: on a shared machine whose speed drifts, the load then weighs on
+    both sides of a ratio alike."""
     rows: list[dict] = []
     active = list(phases)
     while active:
@@ -170,8 +172,9 @@ def interleaved(phases: list) -> list[dict]:
 def bench_phases(resource, tokenizer, layout, *, ns: list[int], ms: list[int], repeats: int,
                  max_new_tokens: int = 1, unordered: bool = True,
                  decode_tokens: int | None = None):
-    """`bench_resource` one phase at a time: yields each phase's rows (cold prefill and decode
-    at one N, CSR at one (N, M), capsules at one N, unordered at one (N, M))."""
+    """`bench_resource` one step at a time: yields after every timed repeat of decode and of
+    CSR queries (an empty list until the figure's last repeat, then its row), and after the cold
+    prefill, the capsules at one N and the unordered queries at one (N, M), for `interleaved`."""
     name = resource.name
     decode_tokens = decode_tokens or max(max_new_tokens, DECODE_TOKENS)
     need = max(ns) + max(ms) + max(max_new_tokens, decode_tokens)
@@ -201,10 +204,16 @@ def bench_phases(resource, tokenizer, layout, *, ns: list[int], ms: list[int], r
         static, static_text = prompts.static(n)
         loaded = resource.load(static, static_text)
         _progress(f"[{name}] N={n}: cold prefill {loaded.seconds:.3f} s")
-        rates = [_decode_rate(resource, tokenizer,
-                              prompts.request(static, static_text, *fresh_dynamic(min(ms))),
-                              decode_tokens) for _ in range(repeats)]
-        rates = [r for r in rates if r is not None]
+        yield []
+        rates = []
+        for repeat in range(repeats):
+            rate = _decode_rate(resource, tokenizer,
+                                prompts.request(static, static_text, *fresh_dynamic(min(ms))),
+                                decode_tokens)
+            if rate is not None:
+                rates.append(rate)
+            if repeat < repeats - 1:
+                yield []                # the other resources' repeat of the same figure
         rows.append(prefill_row(name, n, loaded.seconds, rates))
         if rates:
             _progress(f"[{name}] N={n}: decode {rows[-1]['decode_tokens_per_s']:.1f} tokens/s")
@@ -212,12 +221,14 @@ def bench_phases(resource, tokenizer, layout, *, ns: list[int], ms: list[int], r
         rows = []
         for m in ms:
             samples, cached = [], []
-            for _ in range(repeats):
+            for repeat in range(repeats):
                 result = resource.query(prompts.request(static, static_text, *fresh_dynamic(m)),
                                         max_new_tokens=max_new_tokens)
                 assert result.n_extended == 0, f"{name}: CSR query prefilled static tokens"
                 samples.append(result.ttft_s)
                 cached.append(result.cached_tokens)
+                if repeat < repeats - 1:
+                    yield []
             rows.append(ttft_row(name, n, m, "csr", samples))
             rows[-1]["cached_tokens"] = cached      # per query, as the resource reports it
             _progress(f"[{name}] N={n} M={m}: CSR TTFT median {rows[-1]['ttft_median_s']:.3f} s")
