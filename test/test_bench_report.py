@@ -125,7 +125,7 @@ def test_two_resources_take_each_timed_repeat_in_turn(monkeypatch):
     from csr_ros.model_store import resolve_model_dir
     from csr_ros.resources.local import LocalResource
     from csr_ros.tokenizer import HFTokenizer
-    from csr_ros.tools.bench import bench_phases, interleaved
+    from csr_ros.tools.bench import WARMUP_QUERIES, bench_phases, interleaved
 
     tokenizer = HFTokenizer(resolve_model_dir(weights=False))
     layout = Layout.from_tokenizer(tokenizer)
@@ -148,7 +148,8 @@ def test_two_resources_take_each_timed_repeat_in_turn(monkeypatch):
     decodes = [name for name, what in calls if what == "decode"]
     queries = [name for name, what in calls if what == "query"]
     assert decodes == ["a", "b"] * 3
-    assert queries == ["a", "b"] + ["a", "b"] * 3        # the warm-up, then the CSR repeats
+    # Each resource's warm-up answers come in its first step, then the CSR repeats alternate.
+    assert queries == ["a"] * WARMUP_QUERIES + ["b"] * WARMUP_QUERIES + ["a", "b"] * 3
     csr = {r["resource"]: r for r in rows if r["method"] == "csr"}
     assert set(csr) == {"a", "b"} and all(len(r["cached_tokens"]) == 3 for r in csr.values())
     decode_rows = [r for r in rows if r["method"] == "prefill"]

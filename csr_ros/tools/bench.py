@@ -14,8 +14,9 @@ other) ends the output. The local engine runs `--dtype auto`
 unless told otherwise (see docs/engine.md). The prompt is real text: rendered synthetic robot
 observations in the model's chat template, tokenized with the model's tokenizer and assembled by
 CsrState. Every query carries a fresh
-dynamic part (a new time stamp), so a server cannot serve it from its cache either. One warm-up
-query per resource is left out of the timings. Progress goes to stderr, the table to stdout.
+dynamic part (a new time stamp), so a server cannot serve it from its cache either. Eight short
+warm-up answers per resource are left out of the timings (a llama.cpp server is at speed only
+after several). Progress goes to stderr, the table to stdout.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ MENU = ("Actions: 1 go_to(room) 2 pick(object) 3 place(object, room) 4 say(text)
         "5 look_around 6 wait(seconds) 7 follow(person) 8 stop.")
 CAPSULE_MIN_REPEATS = 15
 DECODE_TOKENS = 16
+# Warm-up answers per resource before anything is timed. llama-cpp-python's server decodes at
+# half its speed for its first half-dozen answers (measured at N=1024 on 2 cores: 26-29 tokens/s,
+# then 55-70, whether or not it had idled a minute first), so one warm-up query timed a server
+# that was not yet at speed.
+WARMUP_QUERIES = 8
+WARMUP_STATIC_TOKENS = 64
 ROOMS = ("kitchen", "hallway", "office", "bedroom", "garage")
 OBJECTS = ("red_mug", "apple", "keys", "book", "phone", "towel")
 
@@ -192,14 +199,16 @@ def bench_phases(resource, tokenizer, layout, *, ns: list[int], ms: list[int], r
         query_no += 1
         return prompts.dynamic(m, query_no)
 
-    # Warm-up (not timed): first forwards allocate and initialize kernels. It uses the unordered
-    # layout (dynamic tokens first), which shares no prefix with the timed prompts, so a
-    # server's prefix cache cannot make the first "cold prefill" below look free.
-    _progress(f"[{name}] warm-up")
-    static, static_text = prompts.static(min(ns))
+    # Warm-up (not timed): first forwards allocate and initialize kernels, and a server comes up
+    # to speed (WARMUP_QUERIES). It uses the unordered layout (dynamic tokens first) over a short
+    # static part, which shares no prefix with the timed prompts, so a server's prefix cache
+    # cannot make the first "cold prefill" below look free.
+    _progress(f"[{name}] warm-up ({WARMUP_QUERIES} short answers)")
+    static, static_text = prompts.static(min(min(ns), WARMUP_STATIC_TOKENS))
     resource.load((), "")
-    resource.query(prompts.unordered(*fresh_dynamic(min(ms)), static, static_text),
-                   max_new_tokens=max_new_tokens)
+    for _ in range(WARMUP_QUERIES):
+        resource.query(prompts.unordered(*fresh_dynamic(min(ms)), static, static_text),
+                       max_new_tokens=max(max_new_tokens, decode_tokens))
     for n in ns:
         static, static_text = prompts.static(n)
         loaded = resource.load(static, static_text)
