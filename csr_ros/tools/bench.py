@@ -41,7 +41,7 @@ MENU = ("Actions: 1 go_to(room) 2 pick(object) 3 place(object, room) 4 say(text)
 CAPSULE_MIN_REPEATS = 15
 DECODE_TOKENS = 16
 # Warm-up answers per resource before anything is timed. llama-cpp-python's server decodes at
-# half its speed for its first half-dozen answers (measured at N=1024 on 2 cores: 26-29 tokens/s,
+# half its speed for its first half-dozen answers (measured at N=1024 on 2 cores: 20-31 tokens/s,
 # then 55-70, whether or not it had idled a minute first), so one warm-up query timed a server
 # that was not yet at speed.
 WARMUP_QUERIES = 8
