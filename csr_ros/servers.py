@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from csr_ros.cpu import bf16_flags
 from csr_ros.errors import ConfigError, ResourceTimeoutError, ResourceUnavailableError
 
 log = logging.getLogger(__name__)
@@ -146,16 +147,7 @@ def split_cores(n_cores: int, n_servers: int) -> list[str]:
 def cpu_dtype(cpu_flags: set[str] | None = None) -> str:
     """bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), float32 otherwise:
     emulated bf16 is 2-3x slower than float32 on a CPU without it."""
-    if cpu_flags is None:
-        cpu_flags = set()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("flags"):
-                    cpu_flags = set(line.split(":", 1)[1].split())
-                    break
-        except OSError:
-            pass
-    return "bfloat16" if cpu_flags & {"avx512_bf16", "amx_bf16"} else "float32"
+    return "bfloat16" if bf16_flags(cpu_flags) else "float32"
 
 
 def llamacpp_command(model_path: str | Path, *, port: int, host: str = LOOPBACK,

@@ -121,6 +121,13 @@ def test_quantized_decode_weights_need_bfloat16_activations(tiny_llama_model):
         _tiny(tiny_llama_model, dtype="bfloat16", decode_weights="fp16")
 
 
+def test_a_cpu_told_it_has_no_bf16_takes_the_float32_path_of_auto(tiny_llama_model, monkeypatch):
+    monkeypatch.setenv("CSR_ROS_CPU_BF16", "0")
+    assert not precision.native_bf16()
+    engine = _tiny(tiny_llama_model, dtype="auto")
+    assert engine.precision in ("torch.float32+fp16-decode", "torch.float32")
+
+
 def test_auto_picks_bf16_with_int4_decode_where_the_cpu_has_native_bf16_else_fp16_decode(
         tiny_llama_model):
     engine = _tiny(tiny_llama_model, dtype="auto")

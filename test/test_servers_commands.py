@@ -82,6 +82,17 @@ def test_the_cpu_dtype_is_bfloat16_only_where_the_cpu_computes_it_natively():
     assert cpu_dtype() in ("float32", "bfloat16")
 
 
+def test_csr_ros_cpu_bf16_makes_the_machine_take_the_other_precision_path(monkeypatch):
+    monkeypatch.setenv("CSR_ROS_CPU_BF16", "0")
+    assert cpu_dtype() == "float32"
+    monkeypatch.setenv("CSR_ROS_CPU_BF16", "1")
+    assert cpu_dtype() == "bfloat16"
+    assert cpu_dtype({"avx2"}) == "float32"        # flags given: read as they are
+    monkeypatch.setenv("CSR_ROS_CPU_BF16", "yes")
+    with pytest.raises(ConfigError, match="CSR_ROS_CPU_BF16 must be 0 or 1"):
+        cpu_dtype()
+
+
 def test_the_shipped_cpu_config_starts_r1_and_r2_on_their_own_cores_with_the_cpu_flags():
     import yaml
 

@@ -24,32 +24,17 @@ stays the fastest for prefill and queries. docs/engine.md has the figures agains
 from __future__ import annotations
 
 import importlib.util
-from functools import lru_cache
-from pathlib import Path
 
 import torch
 
+from csr_ros.cpu import BF16_FLAGS, bf16_flags, cpu_flags
 from csr_ros.engine import lean
-
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-@lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU feature flags the kernel reports (empty where /proc/cpuinfo is not available)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
 
 
 def native_bf16() -> bool:
-    """True where the CPU computes bf16 dot products in hardware and oneDNN can use them."""
-    if not any(flag in cpu_flags() for flag in BF16_FLAGS):
+    """True where the CPU computes bf16 dot products in hardware and oneDNN can use them
+    (csr_ros.cpu: CSR_ROS_CPU_BF16=0 takes the float32 paths on such a CPU)."""
+    if not bf16_flags():
         return False
     return bool(torch.backends.mkldnn.is_available()
                 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
