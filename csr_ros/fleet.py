@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from csr_ros.errors import ConfigError
-from csr_ros.eval.scoring import percentile
+from csr_ros.stats import percentile
 
 RUN_KEYS = ("robots", "servers", "routing", "hit_ratio", "ttft_p99_s", "decisions_per_s_min",
             "chunks_lost")

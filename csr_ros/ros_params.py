@@ -20,7 +20,7 @@ import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import yaml
 
@@ -28,7 +28,10 @@ from csr_ros.errors import ConfigError
 from csr_ros.render import (KIND_DEFAULTS, EmissionConfig, RenderOptions, TopicPolicy,
                             emission_kind, normalize_type_name)
 from csr_ros.render.emission import UNSET
-from csr_ros.render.policy import EVENT, default_period_s
+from csr_ros.render.topic_defaults import EVENT, default_period_s
+
+if TYPE_CHECKING:
+    from csr_ros.state import CsrState
 
 NODES = ("aggregator", "policy", "reconciler")
 
@@ -390,7 +393,8 @@ def parse_sources(names: Sequence[str], values: Mapping[str, Any], *,
 
 def auto_source(name: str, topic: str, type_name: str, policy: TopicPolicy, *,
                 render_defaults: Mapping[str, Any] | None = None) -> SourceConfig:
-    """A source for a topic nobody configured, from its type's defaults (`render.policy`)."""
+    """A source for a topic nobody configured, from its type's defaults
+    (`render.topic_defaults`)."""
     render_defaults = render_defaults or {}
     options = RenderOptions(float_digits=render_defaults.get("float_digits", 3),
                             max_array=render_defaults.get("max_array", 8),
@@ -595,3 +599,42 @@ def check_params_files(args: Sequence[str]) -> None:
                               "--ros-args --params-file FILE (the package's own is "
                               "config/csr_ros.yaml)")
         load_params_file(path)
+
+
+# -- the state every node builds from the same parameters ---------------------------------------
+
+def vocabulary_from_params(params: Mapping):
+    """The action vocabulary of the `actions.*` parameters, or None (free text only)."""
+    from csr_ros.actions import Vocabulary
+
+    specs, schema = params.get("actions.vocabulary", []), params.get("actions.schema", "")
+    if not specs and not schema:
+        return None
+    return Vocabulary.from_params(specs, schema, max_str_chars=params.get("actions.max_str_chars",
+                                                                           32))
+
+
+def state_from_params(params: Mapping, tokenizer) -> CsrState:
+    """The empty CsrState of the `model`/`mode`/`profile` parameters (policy and reconciler
+    must build the same one, or their tokens differ)."""
+    from pathlib import Path
+
+    from csr_ros.chunks import ChunkPolicy
+    from csr_ros.layout import Layout
+    from csr_ros.state import CsrState
+
+    profile = params["profile"]
+    if params.get("profile_file"):
+        path = Path(params["profile_file"]).expanduser()
+        try:
+            profile = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"profile_file {path}: {exc.strerror}") from None
+    vocab = vocabulary_from_params(params)
+    if vocab is not None and params.get("actions.in_profile", True):
+        profile = profile.rstrip() + "\n" + vocab.describe()
+    layout = Layout.from_tokenizer(tokenizer, use_chat_template=params["use_chat_template"])
+    # truncate, never split: one StateChunk is one Chunk with the same seq on every node
+    policy = ChunkPolicy(max_chunk_tokens=params["max_chunk_tokens"], oversize="truncate")
+    return CsrState(tokenizer=tokenizer, layout=layout, profile=profile, mode=params["mode"],
+                    policy=policy)

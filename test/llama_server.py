@@ -52,6 +52,10 @@ class LlamaServer:
     def running(self) -> bool:
         return self._server.running
 
+    @property
+    def pid(self) -> int:
+        return self._server.process.pid
+
 
 def _gguf_or_skip() -> Path:
     if importlib.util.find_spec("llama_cpp") is None:

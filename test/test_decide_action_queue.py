@@ -3,7 +3,8 @@ periodic decisions: in order, and neither kind starves the other (QueryScheduler
 
 from __future__ import annotations
 
-from csr_ros.policy_core import MAX_WAITING_QUERIES, PERIODIC, QueryScheduler, QueryStats, diagnose
+from csr_ros.node_logic.health import QueryStats, diagnose
+from csr_ros.node_logic.schedule import MAX_WAITING_QUERIES, PERIODIC, QueryScheduler
 
 
 def test_a_goal_that_arrives_while_the_slot_is_free_starts_at_once():

@@ -11,8 +11,8 @@ import pytest
 from csr_ros.errors import ConfigError
 from csr_ros.eval.episode import (EvalEpisode, Observation, Question, ama_episodes,
                                   load_questions)
-from csr_ros.eval.scoring import (contains_answer, exact_match, match_choice, normalize_answer,
-                                  percentile, wilson_interval)
+from csr_ros.eval.scoring import contains_answer, exact_match, match_choice, normalize_answer
+from csr_ros.stats import percentile, wilson_interval
 
 AMA_TINY = Path(__file__).parent / "data" / "ama_tiny.jsonl"
 ISSUE_FIELDS = {"method", "budget", "n_questions", "accuracy", "ci95", "ttft_p50_s",
@@ -439,3 +439,14 @@ def test_a_patrol_written_in_ama_format_reads_back_as_multiple_choice_episodes(t
             assert q.t_s == len(e.observations)
         for q in ama_episodes(out, mcq="label")[0].questions:
             assert q.choices[0] == "(A)" and q.answer in q.choices
+
+
+def test_percentile_is_numpys_default_on_any_samples():
+    import numpy as np
+    from hypothesis import given, strategies as st
+
+    @given(st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=50),
+           st.sampled_from([0, 1, 50, 90, 99, 100]))
+    def check(values, q):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), abs=1e-9)
+    check()

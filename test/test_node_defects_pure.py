@@ -15,13 +15,14 @@ from csr_ros.chunks import ChunkPolicy
 from csr_ros.errors import ConfigError
 from csr_ros.eviction import make_policy
 from csr_ros.launch_args import bag_play_command, check_bag, check_params_file, given_overrides
-from csr_ros.policy_core import (ChunkEvent, QueryScheduler, QueryStats, StateFold,
-                                 SwapEvent, diagnose)
+from csr_ros.node_logic.health import QueryStats, diagnose
+from csr_ros.node_logic.schedule import QueryScheduler
+from csr_ros.node_logic.stream import ChunkEvent, StateFold, SwapEvent
 from csr_ros.reconcile.machine import (ChunkArrived, Load, Notice, OpFinished, ReconcileConfig,
                                        Reconciliation, VersionChanged)
 from csr_ros.resources.base import QueryResult
-from csr_ros.ros_params import (POLICY, check_params_files, match_publishers,
-                                params_files_in_args, type_problem, validate)
+from csr_ros.ros_params import (POLICY, check_params_files, match_publishers, params_files_in_args,
+                                type_problem, validate)
 from csr_ros.state import CsrState
 
 ROOT = Path(__file__).resolve().parents[1]

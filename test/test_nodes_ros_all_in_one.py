@@ -21,13 +21,14 @@ if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stop
     pytest.skip(ros_missing(), allow_module_level=True)
 
 from std_msgs.msg import String  # noqa: E402
+from test_nodes_ros_processes import wait_reliable_subscription  # noqa: E402
 
 from csr_ros import ros_params  # noqa: E402
 from csr_ros.msg import PolicyDecision, StateChunk  # noqa: E402
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, chunk_event  # noqa: E402
 from csr_ros.srv import GetChunks, Query  # noqa: E402
+
 from ros_graph import ROOT, Graph, NodeProcess, call, wait_for  # noqa: E402
-from test_nodes_ros_processes import wait_reliable_subscription  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -49,7 +50,8 @@ PARAMS = {
 def expected_static_tokens(chunks: list[StateChunk]) -> int:
     """Static tokens of a fresh reconciler state that folded exactly these chunks, once each."""
     from csr_ros.model_store import resolve_model_dir
-    from csr_ros.policy_core import make_chunk, state_from_params
+    from csr_ros.node_logic.stream import make_chunk
+    from csr_ros.ros_params import state_from_params
     from csr_ros.tokenizer import HFTokenizer
 
     values = PARAMS["/**/reconciler"]["ros__parameters"]

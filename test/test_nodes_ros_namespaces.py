@@ -30,14 +30,14 @@ if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stop
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from rclpy.qos import ReliabilityPolicy  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
+from test_nodes_ros_processes import wait_reliable_subscription  # noqa: E402
 
 from csr_ros import ros_params  # noqa: E402
 from csr_ros.msg import PolicyDecision, StateChunk  # noqa: E402
-from csr_ros.nodes.common import (CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS,  # noqa: E402
-                                  chunk_event)
+from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, chunk_event  # noqa: E402
 from csr_ros.srv import GetChunks  # noqa: E402
+
 from ros_graph import Graph, NodeProcess, call, wait_for  # noqa: E402
-from test_nodes_ros_processes import wait_reliable_subscription  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow, pytest.mark.server]
 
@@ -70,7 +70,8 @@ def params_file(path, r1_url: str, r2_url: str):
 def expected_static_tokens(chunks: list[StateChunk]) -> int:
     """Static tokens of a fresh state of these params that folded exactly these chunks."""
     from csr_ros.model_store import resolve_model_dir
-    from csr_ros.policy_core import make_chunk, state_from_params
+    from csr_ros.node_logic.stream import make_chunk
+    from csr_ros.ros_params import state_from_params
     from csr_ros.tokenizer import HFTokenizer
 
     state = state_from_params(ros_params.validate("policy", STATE | {"actions.mode": "free"}),

@@ -7,7 +7,8 @@ import pytest
 from csr_ros.chunklog import ChunkRecord, VersionRecord, rebuild_state
 from csr_ros.chunks import ChunkPolicy
 from csr_ros.errors import ConfigError
-from csr_ros.policy_core import ChunkEvent, FetchRequest, Lost, SeqOrderer, StateFold, SwapEvent
+from csr_ros.node_logic.stream import (ChunkEvent, FetchRequest, Lost, SeqOrderer, StateFold,
+                                       SwapEvent)
 from csr_ros.state import CsrState
 
 PROFILE = "You are the policy of a test robot."

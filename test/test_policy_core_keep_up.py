@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from csr_ros.policy_core import Announcer, QueryStats, keep_up_warning
+from csr_ros.node_logic.health import Announcer, QueryStats, keep_up_warning
 from csr_ros.resources.base import QueryResult
 
 
@@ -71,5 +71,40 @@ def test_the_announcer_says_a_warning_at_once_then_only_every_repeat_interval_an
     assert announcer.update("arrival exceeds 3.0 tokens/s", 3.0)[0] == "warning"  # new kind
     assert announcer.update("arrival exceeds 3.5 tokens/s", 20.0) is None
     assert announcer.update("arrival exceeds 3.5 tokens/s", 33.0)[0] == "warning"  # repeated
-    assert announcer.update(None, 34.0) == ("info", "keeping up again")
-    assert announcer.update(None, 35.0) is None
+    assert announcer.update(None, 34.0) is None                  # clear, but not for long yet
+    assert announcer.update(None, 43.9) is None
+    assert announcer.update(None, 44.0) == ("info", "keeping up again")
+    assert announcer.update(None, 45.0) is None
+
+
+def test_the_announcer_says_nothing_new_while_a_figure_hovers_at_its_threshold():
+    announcer = Announcer(repeat_s=30.0, clear_after_s=10.0)
+    said = [announcer.update("0.39 decisions/s" if i % 2 else None, float(i)) for i in range(1, 20)]
+    assert said[0] == ("warning", "0.39 decisions/s")
+    assert said[1:] == [None] * 18
+
+
+def test_no_rate_verdict_is_given_in_the_warm_up_after_the_first_query():
+    # a model's first queries after it loaded are slow: 1 decision in the first 4 s is not
+    # taken for a rate of 0.25 decisions/s
+    stats = QueryStats(started_s=0.0)
+    stats.record(_result(3.0, 0.5), 0, now_s=3.5)
+    assert stats.decisions_per_s(4.0) is None
+    assert keep_up_warning(stats, 2.0, 4.0) is None
+
+
+def test_the_rate_window_opens_with_the_first_query_not_before():
+    stats = QueryStats()
+    assert stats.decisions_per_s(100.0) is None
+    assert keep_up_warning(stats, 2.0, 100.0) is None
+
+
+def test_a_slow_rate_that_is_kept_gets_no_verdict_from_a_window_of_a_few_periods():
+    # 0.5 Hz, each decision 0.3 s, the first at 0.3 s: three decisions in 7.7 s read 0.39/s
+    stats = QueryStats(started_s=0.0)
+    for t_s in (0.3, 2.3, 4.3):
+        stats.record(_result(0.25, 0.05), 0, now_s=t_s)
+    assert stats.decisions_per_s(7.7, 0.5) is None
+    assert keep_up_warning(stats, 0.5, 7.7) is None
+    now_s = _decide_every_from(stats, 4.3, 2.0, 20)     # 20 more, one every period
+    assert keep_up_warning(stats, 0.5, now_s) is None

@@ -8,9 +8,11 @@ from csr_ros.chunks import ChunkPolicy
 from csr_ros.errors import ConfigError
 from csr_ros.layout import Layout
 from csr_ros.model_store import resolve_model_dir
-from csr_ros.policy_core import (ERROR, OK, WARN, ChunkEvent, InstantValue, OpTiming, QueryScheduler,
-                                 QueryStats, StateFold, TimedResource, build_suffix, diagnose,
-                                 swap_report)
+from csr_ros.node_logic.health import ERROR, OK, WARN, QueryStats, diagnose
+from csr_ros.node_logic.schedule import QueryScheduler
+from csr_ros.node_logic.stream import ChunkEvent, StateFold
+from csr_ros.node_logic.suffix import InstantValue, build_suffix
+from csr_ros.node_logic.swaps import OpTiming, TimedResource, swap_report
 from csr_ros.resources.base import QueryResult
 from csr_ros.state import CsrState
 from csr_ros.tokenizer import HFTokenizer

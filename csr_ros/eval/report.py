@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from csr_ros.eval.scoring import percentile, wilson_interval
+from csr_ros.stats import percentile, wilson_interval
 
 COLOURS = {"csr": "tab:green", "window": "tab:blue", "bm25": "tab:orange", "none": "tab:grey"}
 MARKERS = {"csr": "o", "window": "s", "bm25": "^", "none": "x"}

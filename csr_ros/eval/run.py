@@ -24,11 +24,11 @@ from typing import Callable, Sequence
 
 from csr_ros.errors import ConfigError
 from csr_ros.eval.episode import NS_PER_S, EvalEpisode, Observation, Question
-from csr_ros.eval.methods import (METHODS, Bm25Method, CsrMethod, NoMemoryMethod, WindowMethod)
 from csr_ros.eval.evidence import covered, resolve
+from csr_ros.eval.methods import METHODS, Bm25Method, CsrMethod, NoMemoryMethod, WindowMethod
 from csr_ros.eval.scoring import ask, contains_answer, exact_match, token_f1
 from csr_ros.layout import Layout
-from csr_ros.policy_core import InstantValue, build_suffix
+from csr_ros.node_logic.suffix import InstantValue, build_suffix
 
 PROFILE = (
     "You are the memory of a mobile robot. The user message lists what the robot observed, "

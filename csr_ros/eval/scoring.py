@@ -24,7 +24,6 @@ or greedy decoding finished).
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections import Counter
@@ -90,27 +89,8 @@ def contains_answer(prediction: str, answer: str) -> bool:
                                     said) is not None
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """The Wilson score interval of a proportion (95% by default); (0, 1) for n = 0."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    lo, hi = max(0.0, centre - half), min(1.0, centre + half)
-    return (0.0 if successes == 0 else lo), (1.0 if successes == n else hi)
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear interpolation between order statistics (numpy's default); None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
 # -- asking -------------------------------------------------------------------------------------

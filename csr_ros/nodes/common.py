@@ -26,7 +26,7 @@ from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from csr_ros.errors import ConfigError, CsrError, MessageTypeNotInstalledError
-from csr_ros.policy_core import ChunkEvent, FetchRequest
+from csr_ros.node_logic.stream import ChunkEvent, FetchRequest
 from csr_ros.render import normalize_type_name
 from csr_ros.ros_params import ParamSpec, check_params_files, type_problem
 
@@ -96,6 +96,18 @@ def with_undeclared(node: Node, values: dict[str, Any], specs: Sequence[ParamSpe
     names = {s.name for s in specs}
     extra = {k: v for k, v in given_parameters(node).items() if k not in names}
     return {**values, **extra}
+
+
+def log_at(logger, level: str, text: str) -> None:
+    """Log `text` at `level` ('error', 'warning' or 'info'). rclpy ties one severity to each
+    line that calls it and raises ValueError on a second one, so a level chosen at run time
+    needs a line of its own per severity."""
+    if level == "error":
+        logger.error(text)
+    elif level == "warning":
+        logger.warning(text)
+    else:
+        logger.info(text)
 
 
 class NodeLogHandler(logging.Handler):

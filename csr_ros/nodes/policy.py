@@ -37,20 +37,22 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 from rclpy.node import Node
 
 from csr_ros import ros_params
-from csr_ros.actions import SeenValues
 from csr_ros.action import Decide
+from csr_ros.actions import SeenValues
 from csr_ros.errors import ActionSpecError, ConfigError, CsrError, QueryCancelledError
 from csr_ros.msg import Action, PolicyDecision, StateChunk
 from csr_ros.msg import SwapEvent as SwapEventMsg
-from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
-                                  CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS,
+from csr_ros.node_logic.health import (ERROR, OK, WARN, Announcer, QueryStats, diagnose,
+                                       keep_up_warning)
+from csr_ros.node_logic.schedule import MAX_WAITING_QUERIES, PERIODIC, QueryScheduler
+from csr_ros.node_logic.stream import FetchRequest, StateFold, SwapEvent
+from csr_ros.node_logic.suffix import InstantValue, build_suffix
+from csr_ros.nodes.common import (CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS,
                                   SWAPS_QOS, ChunkFetcher, chunk_event, declare, load_tokenizer,
-                                  run, status_name, time_msg, with_undeclared)
-from csr_ros.policy_core import (ERROR, MAX_WAITING_QUERIES, OK, PERIODIC, WARN, Announcer,
-                                 FetchRequest, InstantValue, QueryScheduler, QueryStats,
-                                 StateFold, SwapEvent, build_suffix, diagnose, keep_up_warning,
-                                 state_from_params, vocabulary_from_params)
+                                  log_at, route_library_logging, run, status_name, time_msg,
+                                  unroute_library_logging, with_undeclared)
 from csr_ros.render import episode_origin_ns
+from csr_ros.ros_params import state_from_params, vocabulary_from_params
 from csr_ros.srv import Query
 
 _LEVELS = {OK: DiagnosticStatus.OK, WARN: DiagnosticStatus.WARN, ERROR: DiagnosticStatus.ERROR}
@@ -72,7 +74,8 @@ class PolicyNode(Node):
         self.driver = driver
         self.lock = threading.Condition()      # fold, scheduler, stats, instant values
         self.scheduler = QueryScheduler(rate_hz=p["rate_hz"])
-        self.stats = QueryStats(started_s=time.monotonic())
+        self.started_s = time.monotonic()
+        self.stats = QueryStats()      # its rate window opens with the first query
         self.keep_up = Announcer()     # logs when the policy or reconciliation falls behind
         self.instant: dict[str, InstantValue] = {}
         self.closing = False
@@ -371,6 +374,8 @@ class PolicyNode(Node):
         """Under the lock, with the scheduler slot taken: build, then run on the worker.
         `on_token` follows the answer's tokens (and may stop it; see LocalEngine.query)."""
         now_ns = self.get_clock().now().nanoseconds
+        if self.stats.started_s is None:
+            self.stats.started_s = time.monotonic()
         chunks = self.fold.state.chunks if self.driver is None else self.driver.active_chunks()
         suffix = build_suffix(self.instant, now_ns, stale_s=self.params["stale_instant_s"],
                               origin_ns=episode_origin_ns(chunks))
@@ -524,8 +529,7 @@ class PolicyNode(Node):
                 self.stats, self.scheduler.rate_hz, now_s,
                 capacity=capacity.as_dict() if capacity is not None else None), now_s)
         if said is not None:
-            log = self.get_logger()
-            (log.warning if said[0] == "warning" else log.info)(said[1])
+            log_at(self.get_logger(), *said)
         level, message = _LEVELS[d.level], d.message
         if self.driver is None and self._reconciler_missing() and level == DiagnosticStatus.OK:
             level, message = DiagnosticStatus.WARN, "no reconciler publishes " + \
@@ -544,7 +548,7 @@ class PolicyNode(Node):
         """True while no reconciler publishes the swaps topic (it exited, or never started,
         for 10 s after this node did); said once when it happens and once when one is back."""
         missing = self.count_publishers(self.params["topics.swaps"]) == 0 and \
-            time.monotonic() - self.stats.started_s > 10.0
+            time.monotonic() - self.started_s > 10.0
         if missing != self.reconciler_missing:
             self.reconciler_missing = missing
             if missing:

@@ -31,15 +31,16 @@ from csr_ros.chunklog import ChunkLog, last_stream, rebuild_state
 from csr_ros.errors import ChunkError, ConfigError, ResourceError
 from csr_ros.eviction import make_policy
 from csr_ros.msg import StateChunk, SwapEvent
-from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
-                                  CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, ChunkFetcher,
-                                  chunk_event, declare, load_tokenizer, node_python_logger, run,
-                                  status_name, with_undeclared)
-from csr_ros.policy_core import (ChunkEvent, Lost, SeqOrderer, Step, StreamTracker,
-                                 TimedResource, lost_text, make_chunk, refused_text,
-                                 state_from_params, swap_report)
+from csr_ros.node_logic.stream import (ChunkEvent, Lost, SeqOrderer, Step, StreamTracker, lost_text,
+                                       make_chunk, refused_text)
+from csr_ros.node_logic.swaps import TimedResource, swap_report
+from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, ChunkFetcher, chunk_event,
+                                  declare, load_tokenizer, node_python_logger,
+                                  route_library_logging, run, status_name, unroute_library_logging,
+                                  with_undeclared)
 from csr_ros.reconcile.driver import Reconciler
 from csr_ros.reconcile.machine import ReconcileConfig
+from csr_ros.ros_params import state_from_params
 
 
 class ReconcilerNode(Node):

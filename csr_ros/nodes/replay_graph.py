@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from csr_ros.errors import ConfigError
+from csr_ros.stats import percentile
 
 
 def derived_params(params: Path, sets: list[str]) -> dict:
@@ -52,11 +53,6 @@ def derived_params(params: Path, sets: list[str]) -> dict:
     return doc
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
 class Recorder:

@@ -40,6 +40,7 @@ from csr_ros.errors import ConfigError, CsrError
 from csr_ros.msg import PolicyDecision, StateChunk, SwapEvent
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, time_ns
 from csr_ros.ros_domain import free_ros_domain
+from csr_ros.stats import percentile
 
 ROOT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "csr_ros.yaml"
 CYCLE_REASONS = ("swap", "sync", "fallback")
@@ -254,7 +255,6 @@ def _int(text: str) -> int:
 
 def summarize(args, seen: Observed, started_wall_s: float, ended_wall_s: float) -> dict:
     """The `csr-ros demo` summary, from the observed topics only."""
-    from csr_ros.tools.demo import percentile
 
     def rel(stamp) -> float:
         return time_ns(stamp) / 1e9 - started_wall_s

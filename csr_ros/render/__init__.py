@@ -25,7 +25,7 @@ from csr_ros.render.format import (DEFAULT_FLOAT_DIGITS, DEFAULT_MAX_ARRAY, DEFA
 from csr_ros.render.plain import (Bulk, DurationNs, Plain, StampNs, header_stamp_ns,
                                   is_constant_name, message_type_name, normalize_type_name,
                                   select_fields, to_plain)
-from csr_ros.render.policy import TopicPolicy, topic_policy, type_policy
+from csr_ros.render.topic_defaults import TopicPolicy, topic_policy, type_policy
 from csr_ros.render.summaries import (BATTERY_STATUS, GOAL_STATUS, SUMMARIZERS, Summary,
                                       summarize_battery_state, summarize_detection2d_array,
                                       summarize_generic, summarize_goal_status_array,

@@ -23,7 +23,7 @@ from csr_ros.episode import Episode
 from csr_ros.errors import ConfigError
 from csr_ros.layout import Layout
 from csr_ros.state import CsrState
-from csr_ros.tools.demo import percentile
+from csr_ros.stats import percentile
 
 MODES = ("choice", "grammar", "free")
 

@@ -43,10 +43,11 @@ from csr_ros.errors import ConfigError
 from csr_ros.eviction import make_policy
 from csr_ros.layout import Layout
 from csr_ros.model_store import DEFAULT_MODEL, resolve_model_dir
-from csr_ros.policy_core import Announcer, QueryStats, keep_up_warning
+from csr_ros.node_logic.health import Announcer, QueryStats, keep_up_warning
 from csr_ros.reconcile.driver import QueryOutcome, Reconciler
 from csr_ros.reconcile.machine import Phase, ReconcileConfig
 from csr_ros.state import CsrState
+from csr_ros.stats import percentile
 from csr_ros.tokenizer import HFTokenizer
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.ros:
-        from csr_ros.nodes.ros_demo import run_ros_demo   # needs rclpy and the interfaces
+        from csr_ros.nodes.ros_demo import run_ros_demo  # needs rclpy and the interfaces
 
         summary = run_ros_demo(args)
     else:
@@ -370,7 +371,7 @@ def _progress(rec: Reconciler, r: _Run, started_s: float, rate_hz: float,
               live_line: bool) -> None:
     """The live line (unless --no-progress), and on stderr a warning with the numbers and what
     to change as soon as the policy or the reconciliation cannot keep up
-    (policy_core.keep_up_warning, as the policy node says it)."""
+    (node_logic.health.keep_up_warning, as the policy node says it)."""
     tty = live_line and sys.stderr.isatty()
     last_print_s = 0.0
     announcer = Announcer()
@@ -533,15 +534,6 @@ def _committed_ids(resource) -> tuple[int, ...] | None:
         return None
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _ttft_stats(outcomes: list[QueryOutcome]) -> dict:

@@ -411,7 +411,7 @@ def plan_csr(spec, episodes, resources) -> dict:
     from csr_ros.eval.episode import Observation
     from csr_ros.eval.run import clock_suffix, profile_text, task_text
     from csr_ros.eviction import make_policy
-    from csr_ros.policy_core import InstantValue
+    from csr_ros.node_logic.suffix import InstantValue
     from csr_ros.state import CsrState
 
     budget = spec.budget

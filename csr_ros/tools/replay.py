@@ -16,7 +16,7 @@ and the messages coalesced or suppressed, and how many minutes of the bag the re
 
 Bag topics the params file does not name are not dropped: a configured source whose topic is
 absent takes the one bag topic of its type no source names (only when there is exactly one),
-and every other topic gets its type's defaults (`csr_ros.render.policy`: an event, a
+and every other topic gets its type's defaults (`csr_ros.render.topic_defaults`: an event, a
 change-filtered state, or left out with the reason); `--stats`/`--json` list which, and every
 event source's chunks against the bag's messages. `--only-configured` renders the params file's
 topics alone.
@@ -36,7 +36,7 @@ import numpy as np
 
 from csr_ros.errors import ConfigError
 from csr_ros.render import EmissionConfig, Emitted, Emitter, emission_kind
-from csr_ros.render.policy import OMIT, topic_policy, type_policy
+from csr_ros.render.topic_defaults import OMIT, topic_policy, type_policy
 from csr_ros.ros_params import SCHEMAS, SourceConfig, auto_source, load_params_file, validate
 
 DEFAULT_TAU_MEM_TOKENS = next(s.default for s in SCHEMAS["reconciler"]
@@ -221,7 +221,7 @@ def plan_sources(paths: list[Path], params_file: Path | None, topics: list[str] 
     A params file's sources render their topics (as the bag's type when it differs). A source
     whose topic is not in the bag takes a bag topic of its type that no source names, when that
     is unambiguous (`match_by_type`). Every other topic gets its type's defaults
-    (`render.policy`): an event, a change-filtered state, or left out with the reason;
+    (`render.topic_defaults`): an event, a change-filtered state, or left out with the reason;
     `only_configured` renders the params file's topics alone. Without a params file every topic
     gets its type's defaults.
     """
