@@ -555,5 +555,3 @@ def test_the_ros_docs_say_what_launch_needs_and_nothing_stale():
         assert f"`{name}`" in lack, name
     assert "need `mode: text`" not in ros           # token mode sends text to llama.cpp
     assert "Launch files on the wheels" in ros
-    readme = (ROOT / "README.md").read_text()
-    assert "checked on a full ROS 2 install only" not in readme

@@ -1,0 +1,59 @@
+"""The two commands a fresh machine runs exist and set up before their job, CI runs the test
+command itself, and the README's and docs' links lead to files and headings that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_the_demo_and_test_scripts_set_up_first_and_then_run_their_job():
+    demo = (ROOT / "scripts" / "demo.sh").read_text()
+    tests = (ROOT / "scripts" / "test.sh").read_text()
+    for text in (demo, tests):
+        assert text.startswith("#!/usr/bin/env bash\n")
+        assert "set -euo pipefail" in text
+    assert demo.index("bash scripts/setup.sh") < demo.index(".venv/bin/csr-ros demo")
+    assert tests.index("bash scripts/setup.sh") < tests.index(".venv/bin/python -m pytest")
+
+
+def test_ci_runs_the_test_command_and_nothing_else():
+    lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert lines[-1] == "exec bash scripts/test.sh"
+
+
+def test_the_scripts_the_readme_tells_a_newcomer_to_run_exist():
+    scripts = set(re.findall(r"bash (scripts/[\w.-]+\.sh)", (ROOT / "README.md").read_text()))
+    assert {"scripts/demo.sh", "scripts/test.sh"} <= scripts
+    for script in scripts:
+        assert (ROOT / script).is_file(), script
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", re.sub(r"```.*?```", "", markdown, flags=re.S),
+                              re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(slug)
+    return anchors
+
+
+def test_every_relative_link_in_the_readme_and_docs_leads_to_a_file_and_heading_that_exist():
+    broken = []
+    for doc in DOCS:
+        for target in LINK.findall(doc.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue                                    # http(s), mailto: not checked here
+            path, _, anchor = target.partition("#")
+            linked = (doc.parent / path).resolve() if path else doc
+            if not linked.exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked.read_text()):
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
