@@ -596,8 +596,8 @@ def test_the_policy_of_all_in_one_waits_for_the_model_load_without_failed_querie
 
 @pytest.fixture
 def short_context_server(tmp_path):
-    """llama.cpp with --n-ctx 4096 (the README's own command), shorter than the params file's
-    context_tokens 8192."""
+    """llama.cpp with --n-ctx 4096 (as docs/benchmarks.md's typed-action runs), shorter than
+    the params file's context_tokens 8192."""
     from llama_server import MODEL_ALIAS, _gguf_or_skip
 
     from csr_ros.servers import LOOPBACK, ManagedServer, free_port, llamacpp_command
