@@ -21,8 +21,10 @@ The router is `vllm-router --worker-urls URL... --policy POLICY --host 127.0.0.1
 
 Routing counts come from the router's Prometheus endpoint
 (`vllm_router_processed_requests_total{worker=...}`), parsed with prometheus_client; memory per
-server is the resident memory of its process group (psutil). The command builders and the
-metric readers are pure; `ServerPool` is the thin process wrapper.
+server is the resident memory of its process group (psutil). The pool's servers are
+csr_ros.servers' recipes (its vLLM servers: config/vllm_cpu.yaml's, with the overrides of
+`vllm_pool_server`). The command builders and the metric readers are pure; `ServerPool` is the
+thin process wrapper.
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from csr_ros.errors import ConfigError
-from csr_ros.servers import (LOOPBACK, ManagedServer, cpu_dtype, free_port, llamacpp_command,
-                             split_cores, vllm_command, vllm_env)
+from csr_ros.servers import (DEFAULT_LLAMACPP_CONTEXT_TOKENS, LOOPBACK, ManagedServer,
+                             cpu_vllm_config, free_port, llamacpp_server, split_cores, start_all,
+                             vllm_server)
 
 log = logging.getLogger(__name__)
 
@@ -46,29 +48,28 @@ ENGINES = ("vllm", "llamacpp")
 ROUTER_ENV = "CSR_ROS_VLLM_ROUTER"             # the vllm-router executable, where not found
 _VENV_VLLM_ROUTER = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "vllm-router"
 ROUTED_COUNTER = "vllm_router_processed_requests"   # prometheus_client drops the `_total`
-SERVED_MODEL_NAME = "smollm2"
-# vLLM CPU servers of a pool: the test fixture's settings (test/vllm_server.py), the KV cache
-# in bytes (`vllm_pool_server`); stats stay on so /metrics counts prefix-cache hits.
-VLLM_MAX_MODEL_LEN = 8192
-VLLM_BLOCK_SIZE = 32
-VLLM_EXTRA_ARGS = ("--enforce-eager", "--max-num-seqs", "8")
+SERVED_MODEL_NAME = "smollm2"        # the llama.cpp servers' alias, as the vLLM recipe's name
+# A pool's vLLM server serves K robots: each may have a decision and a warm-up or a straggler in
+# flight (docs/fleet_at_scale.md), so it takes more sequences at once than the recipe's R1/R2.
+POOL_MAX_NUM_SEQS = 8
 
 
 def vllm_pool_server(model_dir: str, *, port: int, cpus: str, kv_cache_gib: float,
-                     n_ctx: int = VLLM_MAX_MODEL_LEN,
-                     base_env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """(command, environment) of one vLLM CPU server of a pool. Its KV cache is given in bytes
-    (`--kv-cache-memory-bytes`), so a pool can be short of memory by a fraction of a GiB;
-    VLLM_CPU_KVCACHE_SPACE (whole GiB) would override it and is removed from the environment."""
+                     n_ctx: int | None = None, base_env: dict[str, str] | None = None,
+                     name: str | None = None, log_path: Path | None = None) -> ManagedServer:
+    """One vLLM CPU server of a pool: config/vllm_cpu.yaml's recipe, but with its KV cache in
+    bytes (`--kv-cache-memory-bytes`), so that a pool can be short of memory by a fraction of a
+    GiB (VLLM_CPU_KVCACHE_SPACE, whole GiB, would override it and is left out), with
+    POOL_MAX_NUM_SEQS, and with stats on: the fleet reads each server's prefix-cache counters
+    from its /metrics, which vLLM fills only when it keeps stats."""
     if not kv_cache_gib > 0:
         raise ConfigError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
-    env = vllm_env(cpus=cpus, base=base_env)
-    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    extra = VLLM_EXTRA_ARGS + ("--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30)))
-    command = vllm_command(model_dir, port=port, max_model_len=n_ctx,
-                           served_model_name=SERVED_MODEL_NAME, dtype=cpu_dtype(),
-                           block_size=VLLM_BLOCK_SIZE, extra_args=extra)
-    return command, env
+    recipe = cpu_vllm_config()
+    return vllm_server(recipe, port=port, name=name, cpus=cpus, log_path=log_path,
+                       env_base=base_env, model=str(model_dir),
+                       max_model_len=n_ctx or recipe.max_model_len,
+                       kv_cache_gib=None, kv_cache_bytes=int(kv_cache_gib * 2**30),
+                       max_num_seqs=POOL_MAX_NUM_SEQS, disable_log_stats=False)
 
 
 def vllm_router_executable() -> str:
@@ -178,19 +179,19 @@ class ServerPool:
 
     @classmethod
     def start(cls, engine: str, n_servers: int, *, log_dir: Path, kv_cache_gib: float = 1,
-              n_ctx: int = VLLM_MAX_MODEL_LEN, timeout_s: float = 1800.0,
+              n_ctx: int | None = None, timeout_s: float = 1800.0,
               progress=None) -> "ServerPool":
         """Start `n_servers` on free loopback ports, each on its own cores, all at once.
 
         `kv_cache_gib`: each vLLM server's KV cache, any size that holds one `n_ctx` sequence
-        (a fraction of a GiB models a pool short of memory)."""
+        (a fraction of a GiB models a pool short of memory). `n_ctx` (tokens): default, the
+        vLLM recipe's max_model_len, or llama.cpp's default context."""
         if engine not in ENGINES:
             raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
         if n_servers < 1:
             raise ConfigError(f"a pool needs at least one server, got {n_servers}")
         log_dir = Path(log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
-        servers = []
         if engine == "vllm":
             from csr_ros.model_store import resolve_model_dir
 
@@ -198,35 +199,21 @@ class ServerPool:
             n_cores = len(os.sched_getaffinity(0))
             cores = split_cores(n_cores, n_servers) if n_cores >= n_servers \
                 else [str(i % n_cores) for i in range(n_servers)]
-            for i, cpus in enumerate(cores):
-                port = free_port()
-                command, env = vllm_pool_server(str(model_dir), port=port, cpus=cpus,
-                                                kv_cache_gib=kv_cache_gib, n_ctx=n_ctx)
-                servers.append(ManagedServer(
-                    name=f"vllm-{i}", url=f"http://{LOOPBACK}:{port}",
-                    log_path=log_dir / f"vllm-{i}.log", env=env, command=command))
+            servers = [vllm_pool_server(str(model_dir), port=free_port(), cpus=cpus,
+                                        kv_cache_gib=kv_cache_gib, n_ctx=n_ctx,
+                                        name=f"vllm-{i}", log_path=log_dir / f"vllm-{i}.log")
+                       for i, cpus in enumerate(cores)]
         else:
             from csr_ros.model_store import default_gguf_path
 
             gguf = default_gguf_path()
-            for i in range(n_servers):
-                port = free_port()
-                servers.append(ManagedServer(
-                    name=f"llamacpp-{i}", url=f"http://{LOOPBACK}:{port}",
-                    log_path=log_dir / f"llamacpp-{i}.log",
-                    command=llamacpp_command(gguf, port=port, n_ctx=n_ctx, n_threads=1,
-                                             model_alias=SERVED_MODEL_NAME,
-                                             python=sys.executable)))
-        pool = cls(engine=engine, servers=servers, log_dir=log_dir)
-        try:
-            for server in servers:
-                server.launch()
-            for server in servers:
-                server.wait(timeout_s=timeout_s, progress=progress)
-        except BaseException:
-            pool.stop()
-            raise
-        return pool
+            servers = [llamacpp_server(gguf, port=free_port(), model_alias=SERVED_MODEL_NAME,
+                                       n_ctx=n_ctx or DEFAULT_LLAMACPP_CONTEXT_TOKENS,
+                                       name=f"llamacpp-{i}",
+                                       log_path=log_dir / f"llamacpp-{i}.log")
+                       for i in range(n_servers)]
+        start_all(servers, timeout_s=timeout_s, progress=progress)
+        return cls(engine=engine, servers=servers, log_dir=log_dir)
 
     @classmethod
     def attach(cls, engine: str, worker_urls: Sequence[str], *, log_dir: Path) -> "ServerPool":

@@ -6,8 +6,10 @@
 `llama_server` is one server per test session (loopback, a free port, n_ctx 8192, one
 thread; defined once, in conftest.py: imported into several modules it would be one per
 module); `fresh_llama_server` is one per test, for tests that kill and restart it;
-`llama_server_pair` is two per test (R1 and R2 for ASR). All skip with the reason when
-llama-cpp-python or the model is not installed.
+`llama_server_pair` is two per test (R1 and R2 for ASR). Each is a csr_ros.servers
+ManagedServer, built by the library's one llama.cpp recipe (`llamacpp_server`): `kill()` and
+`start()` keep its port. All skip with the reason when llama-cpp-python or the model is not
+installed.
 """
 
 from __future__ import annotations
@@ -18,43 +20,18 @@ from pathlib import Path
 
 import pytest
 
-from csr_ros.servers import LOOPBACK, ManagedServer, free_port, llamacpp_command
+from csr_ros.servers import ManagedServer, free_port, llamacpp_server, serving
 
 N_CTX_TOKENS = 8192
 THREADS = int(os.environ.get("CSR_ROS_TEST_THREADS", "1"))
 MODEL_ALIAS = "smollm2"
 
 
-class LlamaServer:
-    """A handle on one server process; `kill()` and `start()` keep the same port."""
-
-    def __init__(self, gguf: Path, log_path: Path, *, api_key: str | None = None):
-        self.port = free_port()
-        self.url = f"http://{LOOPBACK}:{self.port}"
-        self.log_path = log_path
-        self._server = ManagedServer(
-            name=f"llama.cpp:{self.port}", url=self.url, log_path=log_path,
-            env={**os.environ, "CSR_ROS_SERVER_API_KEY": api_key} if api_key else None,
-            command=llamacpp_command(gguf, port=self.port, n_ctx=N_CTX_TOKENS,
-                                     n_threads=THREADS, model_alias=MODEL_ALIAS))
-
-    def start(self) -> "LlamaServer":
-        self._server.start(timeout_s=120.0)
-        return self
-
-    def kill(self) -> None:
-        self._server.kill()
-
-    def stop(self) -> None:
-        self._server.stop()
-
-    @property
-    def running(self) -> bool:
-        return self._server.running
-
-    @property
-    def pid(self) -> int:
-        return self._server.process.pid
+def make_llama_server(log_path: Path, *, n_ctx: int = N_CTX_TOKENS,
+                api_key: str | None = None) -> ManagedServer:
+    """One server of the SmolLM2 GGUF on a free loopback port (not started)."""
+    return llamacpp_server(_gguf_or_skip(), port=free_port(), n_ctx=n_ctx, n_threads=THREADS,
+                           model_alias=MODEL_ALIAS, api_key=api_key, log_path=log_path)
 
 
 def _gguf_or_skip() -> Path:
@@ -75,38 +52,28 @@ def _gguf_or_skip() -> Path:
 
 @pytest.fixture(scope="session")
 def llama_server(tmp_path_factory):
-    server = LlamaServer(_gguf_or_skip(), tmp_path_factory.mktemp("llama") / "server.log")
-    server.start()
-    yield server
-    server.stop()
+    log_path = tmp_path_factory.mktemp("llama") / "server.log"
+    with serving([make_llama_server(log_path)]) as (server,):
+        yield server
 
 
 @pytest.fixture
 def fresh_llama_server(tmp_path):
-    server = LlamaServer(_gguf_or_skip(), tmp_path / "server.log")
-    server.start()
-    yield server
-    server.stop()
+    with serving([make_llama_server(tmp_path / "server.log")]) as (server,):
+        yield server
 
 
 @pytest.fixture
 def llama_server_with_key(tmp_path):
     """One server that requires the API key `test-key`."""
-    server = LlamaServer(_gguf_or_skip(), tmp_path / "server.log", api_key="test-key")
-    server.start()
-    yield server
-    server.stop()
+    server = make_llama_server(tmp_path / "server.log", api_key="test-key")
+    with serving([server]):
+        yield server
 
 
 @pytest.fixture
 def llama_server_pair(tmp_path):
-    """Two servers (R1, R2) on two free ports, for ASR over HTTP."""
-    gguf = _gguf_or_skip()
-    servers = [LlamaServer(gguf, tmp_path / f"server{i}.log") for i in (1, 2)]
-    try:
-        for server in servers:
-            server.start()
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
+    """Two servers (R1, R2) on two free ports, for ASR over HTTP, started one after the other."""
+    servers = [make_llama_server(tmp_path / f"server{i}.log") for i in (1, 2)]
+    with serving(servers, together=False) as pair:
+        yield pair

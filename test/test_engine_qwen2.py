@@ -156,8 +156,7 @@ def test_a_llama_cpp_server_of_the_catalog_name_is_checked_against_its_own_token
     """`serve llamacpp --model NAME` serves the joined GGUF under NAME, and an OpenAI resource
     asked for NAME reads NAME's tokenizer (the health check compares it with the server's)."""
     from csr_ros.resources.openai import OpenAIResource
-    from csr_ros.servers import free_port
-    from csr_ros.tools.serve import llamacpp_servers
+    from csr_ros.servers import free_port, llamacpp_servers
 
     pytest.importorskip("llama_cpp.server")
     (server,) = llamacpp_servers([free_port()], model=MODEL, n_ctx=2048, threads=1,

@@ -131,8 +131,9 @@ def test_router_command_names_the_workers_policy_and_metrics_port():
 
 
 def test_a_pool_servers_kv_cache_is_given_in_bytes_so_a_fraction_of_a_gib_works():
-    command, env = vllm_pool_server("/models/smollm2", port=8001, cpus="1", kv_cache_gib=0.375,
-                                    base_env={"VLLM_CPU_KVCACHE_SPACE": "4", "PATH": "/bin"})
+    server = vllm_pool_server("/models/smollm2", port=8001, cpus="1", kv_cache_gib=0.375,
+                              base_env={"VLLM_CPU_KVCACHE_SPACE": "4", "PATH": "/bin"})
+    command, env = server.command, server.env
     assert command[command.index("--kv-cache-memory-bytes") + 1] == str(3 * 2**27)
     assert "VLLM_CPU_KVCACHE_SPACE" not in env        # whole GiB, and it would override bytes
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["PATH"] == "/bin"

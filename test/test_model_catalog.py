@@ -125,7 +125,7 @@ def test_model_list_prints_every_catalog_model(cache):
 
 def test_serve_llamacpp_serves_a_prepared_catalog_model_as_its_joined_gguf(tmp_path, cache,
                                                                            monkeypatch):
-    from csr_ros.tools.serve import llamacpp_servers
+    from csr_ros.servers import llamacpp_servers
 
     entry = _wheels(tmp_path / "wheels", PARTS)
     monkeypatch.setitem(CATALOG, entry.name, entry)

@@ -598,18 +598,12 @@ def test_the_policy_of_all_in_one_waits_for_the_model_load_without_failed_querie
 def short_context_server(tmp_path):
     """llama.cpp with --n-ctx 4096 (as docs/benchmarks.md's typed-action runs), shorter than
     the params file's context_tokens 8192."""
-    from llama_server import MODEL_ALIAS, _gguf_or_skip
+    from llama_server import make_llama_server
 
-    from csr_ros.servers import LOOPBACK, ManagedServer, free_port, llamacpp_command
+    from csr_ros.servers import serving
 
-    port = free_port()
-    server = ManagedServer(name=f"llama.cpp:{port}", url=f"http://{LOOPBACK}:{port}",
-                           log_path=tmp_path / "server.log",
-                           command=llamacpp_command(_gguf_or_skip(), port=port, n_ctx=4096,
-                                                    n_threads=1, model_alias=MODEL_ALIAS))
-    server.start(timeout_s=120.0)
-    yield server
-    server.stop()
+    with serving([make_llama_server(tmp_path / "server.log", n_ctx=4096)]) as (server,):
+        yield server
 
 
 def test_a_context_longer_than_the_servers_names_the_parameter_and_the_policy_warns(

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from csr_ros import servers
 from csr_ros.errors import ConfigError
-from csr_ros.servers import (cpu_dtype, llamacpp_command, split_cores, vllm_command, vllm_env,
-                             vllm_python)
-from csr_ros.tools.serve import load_vllm_config, parse_vllm_config, vllm_servers
+from csr_ros.router import vllm_pool_server
+from csr_ros.servers import (VllmConfig, cpu_dtype, llamacpp_command, llamacpp_server,
+                             load_vllm_config, parse_vllm_config, split_cores, vllm_command,
+                             vllm_env, vllm_python, vllm_server, vllm_servers)
 
 VLLM_CONFIG = Path(__file__).resolve().parents[1] / "config" / "vllm.yaml"
 VLLM_CPU_CONFIG = Path(__file__).resolve().parents[1] / "config" / "vllm_cpu.yaml"
 
 
 def test_vllm_command_carries_every_flag_csr_relies_on():
-    cmd = vllm_command("Qwen/Qwen3-32B", port=8001, max_model_len=131072, host="0.0.0.0",
-                       served_model_name="policy", python="/v/bin/python")
+    cmd = vllm_command(VllmConfig(model="Qwen/Qwen3-32B", max_model_len=131072, host="0.0.0.0",
+                                  served_model_name="policy", python="/v/bin/python"), port=8001)
     # Not the `vllm` console script: vllm-cpu 0.32.0's fails on its own package metadata.
     assert cmd[:5] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server",
                        "--model", "Qwen/Qwen3-32B"]
@@ -32,19 +35,22 @@ def test_vllm_command_carries_every_flag_csr_relies_on():
 
 
 def test_vllm_command_can_leave_out_priority_scheduling_and_appends_extra_args():
-    cmd = vllm_command("m", port=1, max_model_len=4096, priority_scheduling=False,
-                       extra_args=["--tensor-parallel-size", "2"])
+    cmd = vllm_command(VllmConfig(model="m", max_model_len=4096, priority_scheduling=False,
+                                  extra_args=["--tensor-parallel-size", "2"]), port=1)
     assert "--scheduling-policy" not in cmd
     assert cmd[-2:] == ["--tensor-parallel-size", "2"]
 
 
-def test_vllm_command_rejects_a_nonpositive_max_model_len():
+def test_a_vllm_recipe_rejects_a_nonpositive_max_model_len_and_two_kv_cache_sizes():
     with pytest.raises(ConfigError, match="max_model_len"):
-        vllm_command("m", port=1, max_model_len=0)
+        VllmConfig(model="m", max_model_len=0)
+    with pytest.raises(ConfigError, match="kv_cache_gib or kv_cache_bytes, not both"):
+        VllmConfig(model="m", max_model_len=8, kv_cache_gib=1, kv_cache_bytes=2**29)
 
 
 def test_vllm_command_runs_the_vllm_environment_by_default_with_dtype_and_block_size():
-    cmd = vllm_command("m", port=1, max_model_len=4096, dtype="float32", block_size=32)
+    cmd = vllm_command(VllmConfig(model="m", max_model_len=4096, dtype="float32", block_size=32),
+                       port=1)
     assert cmd[0] == vllm_python()
     assert cmd[cmd.index("--dtype") + 1] == "float32"
     assert cmd[cmd.index("--block-size") + 1] == "32"
@@ -59,12 +65,13 @@ def test_vllm_python_prefers_the_variable_then_the_vllm_venv(monkeypatch):
 
 
 def test_a_cpu_vllm_env_binds_its_cores_and_sizes_its_kv_cache():
-    env = vllm_env(cpus="2-3", kv_cache_gib=2, base={"CUDA_VISIBLE_DEVICES": "0"})
+    cpu = VllmConfig(model="m", max_model_len=8, device="cpu", kv_cache_gib=2)
+    env = vllm_env(cpu, cpus="2-3", base={"CUDA_VISIBLE_DEVICES": "0"})
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "2-3"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["CUDA_VISIBLE_DEVICES"] == ""
     with pytest.raises(ConfigError, match="whole number of GiB"):
-        vllm_env(cpus="0", kv_cache_gib=1.5, base={})
+        replace(cpu, kv_cache_gib=1.5)
 
 
 def test_cores_are_split_evenly_and_disjointly_between_cpu_servers():
@@ -98,9 +105,9 @@ def test_the_shipped_cpu_config_starts_r1_and_r2_on_their_own_cores_with_the_cpu
 
     raw = yaml.safe_load(VLLM_CPU_CONFIG.read_text())
     raw["model"] = "/models/smollm2"          # a directory as it is (no conversion here)
-    config = parse_vllm_config(raw, n_cores=2)
+    config = parse_vllm_config(raw)
     assert config.device == "cpu" and config.dtype in ("float32", "bfloat16")
-    r1, r2 = vllm_servers(config, env_base={})
+    r1, r2 = vllm_servers(config, env_base={}, n_cores=2)
     assert (r1.env["VLLM_CPU_OMP_THREADS_BIND"], r2.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("0", "1")
     for server in (r1, r2):
         cmd = server.command
@@ -112,6 +119,8 @@ def test_the_shipped_cpu_config_starts_r1_and_r2_on_their_own_cores_with_the_cpu
         assert cmd[cmd.index("--scheduling-policy") + 1] == "priority"
         assert cmd[cmd.index("--dtype") + 1] == config.dtype
         assert cmd[cmd.index("--block-size") + 1] == "32"
+        assert cmd[cmd.index("--max-num-seqs") + 1] == "4"
+        assert "--enforce-eager" in cmd and "--disable-log-stats" in cmd
     assert [r1.url, r2.url] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
 
 
@@ -125,7 +134,8 @@ def test_a_cpu_config_takes_cores_per_server_and_refuses_an_unknown_device():
 
 
 def test_vllm_env_pins_one_gpu_and_passes_the_api_key_by_variable_not_argv():
-    env = vllm_env(1, api_key_env="MY_KEY", base={"MY_KEY": "s3cret", "PATH": "/bin"})
+    keyed = VllmConfig(model="m", max_model_len=8, api_key_env="MY_KEY")
+    env = vllm_env(keyed, gpu=1, base={"MY_KEY": "s3cret", "PATH": "/bin"})
     assert env["CUDA_VISIBLE_DEVICES"] == "1"
     assert env["VLLM_API_KEY"] == "s3cret"
     assert env["PATH"] == "/bin"
@@ -133,7 +143,7 @@ def test_vllm_env_pins_one_gpu_and_passes_the_api_key_by_variable_not_argv():
 
 def test_vllm_env_refuses_an_empty_api_key_variable():
     with pytest.raises(ConfigError, match="MY_KEY"):
-        vllm_env(0, api_key_env="MY_KEY", base={})
+        vllm_env(VllmConfig(model="m", max_model_len=8, api_key_env="MY_KEY"), gpu=0, base={})
 
 
 def test_llamacpp_command_runs_the_wrapper_with_context_threads_and_alias():
@@ -180,3 +190,76 @@ def test_serve_dry_run_prints_both_vllm_commands(capsys):
     assert out[1].startswith("r2: CUDA_VISIBLE_DEVICES=1 ")
     assert all("-m vllm.entrypoints.openai.api_server --model Qwen/Qwen3-32B" in line
                for line in out)
+
+
+def _options(command: list[str]) -> dict[str, str | None]:
+    """A vLLM command line's options after the model and the port: flag -> value (None for a
+    switch)."""
+    rest = command[command.index("--port") + 2:]
+    return {flag: (value if not value.startswith("--") else None)
+            for flag, value in zip(rest, rest[1:] + ["--"]) if flag.startswith("--")}
+
+
+def test_serve_the_router_pool_and_the_test_servers_build_their_vllm_flags_from_one_yaml(
+        tmp_path, monkeypatch):
+    """`csr-ros serve`, the router's pool and the test servers run config/vllm_cpu.yaml's
+    flags; each differs from it only where it says why, and editing the file changes all."""
+    import yaml
+    from vllm_server import make_vllm_server
+
+    def built(config_path: Path) -> tuple:
+        monkeypatch.setattr(servers, "VLLM_CPU_CONFIG", config_path)
+        serve = vllm_servers(replace(load_vllm_config(config_path), model="/models/smollm2"),
+                             env_base={}, n_cores=2)[0]
+        pool = vllm_pool_server("/models/smollm2", port=8001, cpus="0", kv_cache_gib=1,
+                                base_env={})
+        test = make_vllm_server("vllm-r1", "/models/smollm2", "0", tmp_path / "r1.log")
+        return serve, pool, test
+
+    serve, pool, test = built(VLLM_CPU_CONFIG)
+    for server in (serve, pool, test):
+        assert server.command[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model",
+                                       "/models/smollm2"]
+        assert server.env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    flags = _options(serve.command)
+    assert {"--enforce-eager", "--max-num-seqs", "--block-size", "--disable-log-stats",
+            "--enable-prefix-caching", "--scheduling-policy"} <= set(flags)
+    # the test servers: float32 (log probabilities against a float32 reference), 1 GiB of cache
+    assert _options(test.command) == flags | {"--dtype": "float32"}
+    assert (serve.env["VLLM_CPU_KVCACHE_SPACE"], test.env["VLLM_CPU_KVCACHE_SPACE"]) == ("2", "1")
+    assert (serve.health_timeout_s, test.health_timeout_s) == (1800, 900)
+    # the pool: its KV cache in bytes, more sequences for K robots, stats on for /metrics
+    del flags["--disable-log-stats"]
+    assert _options(pool.command) == flags | {"--max-num-seqs": "8",
+                                              "--kv-cache-memory-bytes": str(2**30)}
+    assert "VLLM_CPU_KVCACHE_SPACE" not in pool.env
+
+    raw = yaml.safe_load(VLLM_CPU_CONFIG.read_text())
+    raw |= {"block_size": 64, "max_num_seqs": 6, "extra_args": ["--seed", "7"]}
+    edited = tmp_path / "vllm_cpu.yaml"
+    edited.write_text(yaml.safe_dump(raw))
+    rebuilt = built(edited)
+    for server in rebuilt:
+        options = _options(server.command)
+        assert options["--block-size"] == "64" and options["--seed"] == "7"
+        assert server.command[-2:] == ["--seed", "7"]
+    assert [_options(s.command)["--max-num-seqs"] for s in rebuilt] == ["6", "8", "6"]
+
+
+def test_a_vllm_override_is_checked_as_the_file_is():
+    recipe = VllmConfig(model="m", max_model_len=8, device="cpu")
+    with pytest.raises(ConfigError, match=r"not vLLM settings: \['max_num_seq'\]"):
+        vllm_server(recipe, port=1, max_num_seq=8)
+    with pytest.raises(ConfigError, match="max_num_seqs must be a whole number"):
+        vllm_server(recipe, port=1, max_num_seqs=0)
+    server = vllm_server(recipe, port=8001, cpus="1", max_model_len=4096, env_base={})
+    assert server.command[server.command.index("--max-model-len") + 1] == "4096"
+    assert server.url == "http://127.0.0.1:8001" and server.name == "vllm:8001"
+
+
+def test_a_llamacpp_server_takes_its_key_by_environment_and_is_reached_on_loopback():
+    server = llamacpp_server("/m/model.gguf", port=8001, host="0.0.0.0", api_key="k")
+    assert server.env["CSR_ROS_SERVER_API_KEY"] == "k" and "k" not in server.command
+    assert server.url == "http://127.0.0.1:8001" and server.name == "llama.cpp:8001"
+    assert server.command == llamacpp_command("/m/model.gguf", port=8001, host="0.0.0.0")
+    assert llamacpp_server("/m/model.gguf", port=8001).env is None

@@ -5,8 +5,10 @@
 
 `vllm_pair` is two servers for the whole test session (R1 and R2, each bound to its own half of
 the cores, started together, loopback, free ports); `vllm_server` is R1. A test that kills a
-server restarts it on the same port before it returns, so later tests find both running. The
-servers run eager (EXTRA_ARGS): up in about 1.5 minutes each on 2 loaded cores.
+server restarts it on the same port before it returns, so later tests find both running. Each
+is a csr_ros.servers ManagedServer of config/vllm_cpu.yaml's recipe (the one `csr-ros serve`
+and the router's pool start from), with the overrides of `make_vllm_server`: eager, up in
+about 1.5 minutes each on 2 loaded cores.
 
 Without vLLM the tests that use these fixtures are skipped with the reason, except where vLLM
 is required (CI=true or CSR_ROS_REQUIRE_VLLM=1, as `scripts/test.sh` sets): there they fail.
@@ -16,35 +18,44 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from csr_ros.servers import (LOOPBACK, ManagedServer, free_port, split_cores,
-                             vllm_command, vllm_env, vllm_python)
+from csr_ros.servers import (VLLM_API_SERVER, ManagedServer, VllmConfig, cpu_vllm_config,
+                             free_port, serving, split_cores, vllm_python)
+from csr_ros.servers import vllm_server as build_vllm_server    # the fixture has the name
 
-MAX_MODEL_LEN = 8192
-KV_CACHE_GIB = 1                 # ~23k float32 SmolLM2 tokens: more than one context's worth
-BLOCK_SIZE = 32                  # the smallest the CPU backend takes: finer cache hits
-MODEL_NAME = "smollm2"
-START_TIMEOUT_S = 900.0
-# --enforce-eager: no torch.compile. vllm-cpu 0.32.0 fails to load its own compile cache
-# ("'function' object has no attribute 'finalize_loading'") and compiles again at every start,
-# about 4 minutes per server on 2 loaded cores; eager, a server is up in about 1.5 minutes.
-EXTRA_ARGS = ["--enforce-eager", "--max-num-seqs", "4", "--disable-log-stats"]
-# float32 on every CPU kind, where `csr-ros serve` takes cpu_dtype() (bfloat16 on a CPU with
-# AVX512-BF16 or AMX): the tests compare the servers' log probabilities with the local engine's
-# float32 ones, and bf16 logits move them by up to 0.06.
-DTYPE = "float32"
+
+def recipe() -> VllmConfig:
+    """config/vllm_cpu.yaml's recipe with the test servers' overrides: float32 on every CPU
+    kind, where `csr-ros serve` takes cpu_dtype() (bfloat16 on a CPU with AVX512-BF16 or AMX),
+    because the tests compare the servers' log probabilities with the local engine's float32
+    ones and bf16 logits move them by up to 0.06; a KV cache of 1 GiB, not 2 (about 23k
+    float32 SmolLM2 tokens, more than one context's worth), as the two servers share the test
+    machine's memory with everything else; and a start given up after 15 minutes."""
+    return replace(cpu_vllm_config(), dtype="float32", kv_cache_gib=1, health_timeout_s=900.0)
+
+
+BLOCK_SIZE = recipe().block_size         # the unit of the servers' prefix-cache hits
+MODEL_NAME = recipe().served_model_name  # the model id the tests send
 VLLM_REQUIRED = (os.environ.get("CI", "").lower() == "true"
                  or os.environ.get("CSR_ROS_REQUIRE_VLLM", "") not in ("", "0"))
+
+
+def make_vllm_server(name: str, model_dir: str | Path, cpus: str,
+                     log_path: Path) -> ManagedServer:
+    """One test server of the converted default model on cores `cpus` (not started)."""
+    return build_vllm_server(recipe(), port=free_port(), name=name, cpus=cpus,
+                             log_path=log_path, model=str(model_dir))
 
 
 def vllm_missing() -> str | None:
     """Why no vLLM server can be started here, or None."""
     python = vllm_python()
     try:
-        done = subprocess.run([python, "-c", "import vllm.entrypoints.openai.api_server"],
+        done = subprocess.run([python, "-c", f"import {VLLM_API_SERVER}"],
                               capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{python} cannot import vLLM ({exc}): run `bash scripts/setup.sh --vllm`"
@@ -63,45 +74,6 @@ def _vllm_or_skip() -> None:
     pytest.skip(why)
 
 
-class VllmServer:
-    """A handle on one vLLM server process; `kill()` and `start()` keep the same port."""
-
-    def __init__(self, name: str, model_dir: Path, cpus: str, log_path: Path):
-        self.name = name
-        self.port = free_port()
-        self.url = f"http://{LOOPBACK}:{self.port}"
-        self.log_path = log_path
-        self.model_dir = model_dir
-        self._server = ManagedServer(
-            name=name, url=self.url, log_path=log_path,
-            env=vllm_env(cpus=cpus, kv_cache_gib=KV_CACHE_GIB),
-            command=vllm_command(str(model_dir), port=self.port, max_model_len=MAX_MODEL_LEN,
-                                 served_model_name=MODEL_NAME, dtype=DTYPE,
-                                 block_size=BLOCK_SIZE,
-                                 extra_args=EXTRA_ARGS))
-
-    def launch(self) -> "VllmServer":
-        self._server.launch()
-        return self
-
-    def wait(self) -> "VllmServer":
-        self._server.wait(timeout_s=START_TIMEOUT_S)
-        return self
-
-    def start(self) -> "VllmServer":
-        return self.launch().wait()
-
-    def kill(self) -> None:
-        self._server.kill()
-
-    def stop(self) -> None:
-        self._server.stop(timeout_s=30.0)
-
-    @property
-    def running(self) -> bool:
-        return self._server.running
-
-
 @pytest.fixture(scope="session")
 def vllm_pair(tmp_path_factory):
     """R1 and R2: two real vLLM CPU servers, each on its own cores, for the whole session."""
@@ -111,17 +83,10 @@ def vllm_pair(tmp_path_factory):
     model_dir = resolve_model_dir(weights=True)
     logs = tmp_path_factory.mktemp("vllm")
     cores = split_cores(len(os.sched_getaffinity(0)), 2)
-    servers = [VllmServer(f"vllm-r{i + 1}", model_dir, cpus, logs / f"r{i + 1}.log")
+    servers = [make_vllm_server(f"vllm-r{i + 1}", model_dir, cpus, logs / f"r{i + 1}.log")
                for i, cpus in enumerate(cores)]
-    try:
-        for server in servers:
-            server.launch()
-        for server in servers:
-            server.wait()
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
+    with serving(servers) as pair:
+        yield pair
 
 
 @pytest.fixture
