@@ -189,3 +189,22 @@ def test_the_patrol_command_writes_other_names_and_refuses_a_rename_it_cannot_re
     assert "--rename takes OLD=NEW" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="not patrol topics"):
         patrol.generate_patrol(tmp_path / "b3", duration_s=10.0, topic_names={"/nope": "/x"})
+
+
+def test_patrol_settings_refuse_bad_values_before_an_existing_bag_is_touched(tmp_path):
+    bag = tmp_path / "bag"
+    patrol.generate_patrol(bag, duration_s=10.0, seed=2)
+    before = {p.name: p.read_bytes() for p in bag.iterdir()}
+    for bad, match in (({"duration_s": 2.0}, "duration_s must be >= 5 s"),
+                       ({"tf_hz": 0.0}, r"tf_hz must be in \(0, 1000\]"),
+                       ({"detections": "yolo"}, "detections must be one of"),
+                       ({"action_results": "json"}, "action_results must be"),
+                       ({"topic_names": {"/odom": "odom"}}, "a topic name starts with '/'"),
+                       ({"topic_names": {"/speech/text": "/odom"}}, "the same name")):
+        with pytest.raises(ConfigError, match=match):
+            patrol.write_patrol(bag, patrol.PatrolSettings(**bad), overwrite=True)
+    assert {p.name: p.read_bytes() for p in bag.iterdir()} == before
+    settings = patrol.PatrolSettings(seed=2, duration_s=10.0, extras=True)
+    assert settings.names()["/tf"] == "/tf" and settings.rates_hz()["/tf"] == 50.0
+    truth = patrol.write_patrol(bag, settings, overwrite=True)
+    assert truth.topics["/tf"]["count"] == 500 and truth.seed == 2
