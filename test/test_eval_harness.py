@@ -377,7 +377,7 @@ EVENTS = [
 
 
 def test_patrol_questions_are_answered_by_the_events_before_them():
-    from csr_ros.eval.patrol import patrol_questions
+    from csr_ros.eval.patrol_questions import patrol_questions
 
     questions = patrol_questions(EVENTS, 400.0, n_questions=40, seed=3)
     assert len(questions) == 40
@@ -402,7 +402,7 @@ def test_patrol_questions_are_answered_by_the_events_before_them():
 
 
 def test_a_patrol_directory_becomes_an_episode_whose_chunks_hold_each_answer(tmp_path):
-    from csr_ros.eval.patrol import patrol_episode
+    from csr_ros.eval.patrol_questions import patrol_episode
 
     episode = patrol_episode(tmp_path / "patrol", duration_s=150.0, n_questions=16, seed=1)
     assert (tmp_path / "patrol" / "ground_truth.json").is_file()
@@ -423,7 +423,7 @@ def test_a_patrol_directory_becomes_an_episode_whose_chunks_hold_each_answer(tmp
 
 
 def test_a_patrol_written_in_ama_format_reads_back_as_multiple_choice_episodes(tmp_path):
-    from csr_ros.eval.patrol import write_patrol_ama
+    from csr_ros.eval.patrol_questions import write_patrol_ama
 
     out = tmp_path / "patrol_ama.jsonl"
     assert write_patrol_ama([tmp_path / "p0", tmp_path / "p1"], out, duration_s=120.0,

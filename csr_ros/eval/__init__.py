@@ -6,6 +6,7 @@
                  statistics
     judge.py     the LLM judge's protocol (AMA-Bench's); judge_clients.py: where replies come from
     evidence.py  which observations make an answer true; whether a prompt held them
+    patrol_questions.py  the synthetic patrol as an episode, questions from its ground truth
     run.py       replaying episodes into each method, one method after another
     report.py    rows per method and budget, the markdown table, the plot
 

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             ("none" in matches and len(matches) > 1):
         raise ConfigError(f"--match takes tokens, ttft, ttft,tokens or none; got {args.match!r}")
     if args.write_ama is not None:
-        from csr_ros.eval.patrol import write_patrol_ama
+        from csr_ros.eval.patrol_questions import write_patrol_ama
 
         n = write_patrol_ama(args.input, args.write_ama, duration_s=args.duration_s,
                              n_questions=args.n_questions, seed=args.seed, params=args.params)
@@ -265,7 +265,7 @@ def load_input(args) -> tuple[str, list]:
         questions = ep.load_questions(args.questions)
         return fmt, [ep.bag_episode(list(args.input), questions, params=args.params,
                                     topics=args.topics)]
-    from csr_ros.eval.patrol import patrol_episode
+    from csr_ros.eval.patrol_questions import patrol_episode
 
     if len(args.input) != 1:
         raise ConfigError("--format patrol takes one directory")

@@ -132,6 +132,11 @@ def _before(events, kind: str, t_s: float) -> list[dict[str, Any]]:
     return [e for e in events if e["kind"] == kind and e["t_s"] + MARGIN_S <= t_s]
 
 
+def _last_by(events, kind: str, key: str, t_s: float) -> dict[str, dict[str, Any]]:
+    """The last event of `kind` before `t_s` for each value of its `key` ({}: none yet)."""
+    return {e[key]: e for e in _before(events, kind, t_s)}
+
+
 def _options(answer: str, pool: Sequence[str], rng: random.Random, n: int = 4) -> list[str]:
     others = sorted(set(pool) - {answer})
     picked = rng.sample(others, min(n - 1, len(others))) + [answer]
@@ -143,23 +148,17 @@ def _ask(kind: str, t_s: float, events, pools, rng: random.Random):
     """(question, answer, choices, the event answering it) or None when nothing of this kind
     happened yet."""
     if kind == "last_seen":
-        seen = _before(events, "detection", t_s)
-        if not seen:
+        last = _last_by(events, "detection", "object", t_s)
+        if not last:
             return None
-        last = {}
-        for e in seen:
-            last[e["object"]] = e
         obj = rng.choice(sorted(last))
         answer = last[obj]["room"]
         return (f"Where was the {obj} last seen?", answer,
                 _options(answer, pools["rooms"], rng), last[obj])
     if kind in ("asked_for", "how_long_ago"):
-        said = _before(events, "utterance", t_s)
-        if not said:
+        last = _last_by(events, "utterance", "speaker", t_s)
+        if not last:
             return None
-        last = {}
-        for e in said:
-            last[e["speaker"]] = e
         speaker = rng.choice(sorted(last))
         e = last[speaker]
         if kind == "asked_for":
