@@ -28,14 +28,22 @@ from csr_ros.servers import (VLLM_API_SERVER, ManagedServer, VllmConfig, cpu_vll
 from csr_ros.servers import vllm_server as build_vllm_server    # the fixture has the name
 
 
+# The test servers' overrides of config/vllm_cpu.yaml, each for a reason:
+# float32 on every CPU kind, where `csr-ros serve` takes cpu_dtype() (bfloat16 on a CPU with
+# AVX512-BF16 or AMX): the tests compare the servers' log probabilities with the local engine's
+# float32 ones, and bf16 logits move them by up to 0.06.
+DTYPE = "float32"
+# 1 GiB of KV cache, not 2: about 23k float32 SmolLM2 tokens, more than one context's worth, and
+# the two servers share the test machine's memory with everything else.
+KV_CACHE_GIB = 1
+START_TIMEOUT_S = 900.0          # up in about 1.5 minutes (eager); not up in 15, it failed
+
+
 def recipe() -> VllmConfig:
-    """config/vllm_cpu.yaml's recipe with the test servers' overrides: float32 on every CPU
-    kind, where `csr-ros serve` takes cpu_dtype() (bfloat16 on a CPU with AVX512-BF16 or AMX),
-    because the tests compare the servers' log probabilities with the local engine's float32
-    ones and bf16 logits move them by up to 0.06; a KV cache of 1 GiB, not 2 (about 23k
-    float32 SmolLM2 tokens, more than one context's worth), as the two servers share the test
-    machine's memory with everything else; and a start given up after 15 minutes."""
-    return replace(cpu_vllm_config(), dtype="float32", kv_cache_gib=1, health_timeout_s=900.0)
+    """config/vllm_cpu.yaml's recipe, as `csr-ros serve` and the router's pool read it, with
+    the test servers' overrides."""
+    return replace(cpu_vllm_config(), dtype=DTYPE, kv_cache_gib=KV_CACHE_GIB,
+                   health_timeout_s=START_TIMEOUT_S)
 
 
 BLOCK_SIZE = recipe().block_size         # the unit of the servers' prefix-cache hits
