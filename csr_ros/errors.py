@@ -91,6 +91,11 @@ class ChunkLogError(CsrError):
     """The on-disk chunk log is unreadable or inconsistent."""
 
 
+class ChunkLogFullError(ChunkLogError):
+    """The chunk log's disk is full (or its file may grow no further): the record was not
+    written, the log holds everything before it, and appending works again once space is freed."""
+
+
 class ActionSpecError(ConfigError):
     """An action vocabulary (its spec strings or JSON schema) is malformed."""
 

@@ -1,4 +1,7 @@
-"""The crash-safe chunk log: round trips, torn tails, corruption, and rebuilding the state."""
+"""The crash-safe chunk log: round trips, torn tails, corruption, and rebuilding the state.
+
+A log is a directory of segment files; a crash can only tear the newest one, so the byte-level
+damage below is done to it (`newest_segment`)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import logging
 import pytest
 
 from csr_ros.chunklog import (MAGIC, ChunkLog, ChunkRecord, VersionRecord, read_log,
-                              rebuild_state)
+                              rebuild_state, segment_files)
 from csr_ros.errors import ChunkLogError
 from csr_ros.state import CsrState
 
@@ -16,6 +19,10 @@ PROFILE = "You are a robot."
 
 def new_state(tokenizer, layout) -> CsrState:
     return CsrState(tokenizer=tokenizer, layout=layout, profile=PROFILE)
+
+
+def newest_segment(path):
+    return segment_files(path)[-1]
 
 
 def write_log(path, state: CsrState, texts: list[str], *, evict_after: int | None = None):
@@ -59,8 +66,9 @@ def test_opening_a_log_with_a_torn_last_record_truncates_it_with_a_warning(
         tmp_path, tokenizer, layout, caplog):
     path = tmp_path / "c.log"
     write_log(path, new_state(tokenizer, layout), TEXTS)
-    intact = path.read_bytes()
-    path.write_bytes(intact[:-5])                       # the crash cut the last record
+    segment = newest_segment(path)
+    intact = segment.read_bytes()
+    segment.write_bytes(intact[:-5])                    # the crash cut the last record
     with caplog.at_level(logging.WARNING, logger="csr_ros.chunklog"):
         with ChunkLog(path) as chunk_log:
             assert len(chunk_log.records) == len(TEXTS) - 1
@@ -76,41 +84,45 @@ def test_opening_a_log_with_a_torn_last_record_truncates_it_with_a_warning(
 def test_a_log_cut_inside_a_record_header_is_a_torn_tail(tmp_path, tokenizer, layout):
     path = tmp_path / "c.log"
     write_log(path, new_state(tokenizer, layout), TEXTS[:2])
-    one = path.read_bytes()
+    segment = newest_segment(path)
+    one = segment.read_bytes()
     write_log(path, new_state(tokenizer, layout), TEXTS[:3])
-    path.write_bytes(path.read_bytes()[:len(one) + 7])  # 7 of the 12 header bytes
+    segment.write_bytes(segment.read_bytes()[:len(one) + 7])  # 7 of the 12 header bytes
     assert len(read_log(path)) == 2
 
 
 def test_a_last_record_with_a_bad_checksum_is_a_torn_tail(tmp_path, tokenizer, layout):
     path = tmp_path / "c.log"
     write_log(path, new_state(tokenizer, layout), TEXTS)
-    data = bytearray(path.read_bytes())
+    segment = newest_segment(path)
+    data = bytearray(segment.read_bytes())
     data[-3] ^= 0xFF                                   # the payload never fully reached the disk
-    path.write_bytes(bytes(data))
+    segment.write_bytes(bytes(data))
     assert len(read_log(path)) == len(TEXTS) - 1
 
 
 def test_corruption_in_the_middle_raises_chunk_log_error(tmp_path, tokenizer, layout):
     path = tmp_path / "c.log"
     write_log(path, new_state(tokenizer, layout), TEXTS)
-    data = bytearray(path.read_bytes())
+    segment = newest_segment(path)
+    data = bytearray(segment.read_bytes())
     data[len(MAGIC) + 12 + 5] ^= 0xFF                  # inside the first record's payload
-    path.write_bytes(bytes(data))
+    segment.write_bytes(bytes(data))
     with pytest.raises(ChunkLogError, match="fails its checksum and more records follow"):
         read_log(path)
     with pytest.raises(ChunkLogError):
         ChunkLog(path)
-    assert path.read_bytes() == bytes(data), "a corrupt log is never truncated"
+    assert segment.read_bytes() == bytes(data), "a corrupt log is never truncated"
 
 
 def test_a_corrupt_record_header_in_the_middle_raises_chunk_log_error(tmp_path, tokenizer,
                                                                       layout):
     path = tmp_path / "c.log"
     write_log(path, new_state(tokenizer, layout), TEXTS)
-    data = bytearray(path.read_bytes())
+    segment = newest_segment(path)
+    data = bytearray(segment.read_bytes())
     data[len(MAGIC)] ^= 0x40                           # the first record's length
-    path.write_bytes(bytes(data))
+    segment.write_bytes(bytes(data))
     with pytest.raises(ChunkLogError, match="header at byte 8 is corrupt"):
         read_log(path)
 
@@ -120,6 +132,9 @@ def test_a_file_that_is_not_a_chunk_log_is_refused(tmp_path):
     path.write_bytes(b"{\"seq\": 0}\n")
     with pytest.raises(ChunkLogError, match="not a chunk log"):
         read_log(path)
+    with pytest.raises(ChunkLogError, match="not a chunk log"):
+        ChunkLog(path)
+    assert path.read_bytes() == b"{\"seq\": 0}\n", "a file that is not a log is left alone"
 
 
 def test_a_version_record_ahead_of_the_logged_chunks_is_refused(tokenizer, layout):
