@@ -361,7 +361,10 @@ class Reconciler:
     def _version_changed(self, cmd: VersionChanged) -> None:
         now_s = self.clock()
         if self.chunk_log is not None:
-            self.chunk_log.append_version(cmd.version, cmd.first_seq, cmd.next_seq, cmd.reason)
+            active = self.machine.active
+            self.chunk_log.append_version(cmd.version, cmd.first_seq, cmd.next_seq, cmd.reason,
+                                          n_static_tokens=active.n_static
+                                          if active.version == cmd.version else None)
         self.timeline.append(TimelineEvent(now_s, cmd.reason, int(cmd.version),
                                            f"primary {cmd.primary}"))
         if cmd.reason == "swap":
