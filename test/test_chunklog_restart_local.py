@@ -3,9 +3,12 @@ saved at a committed boundary spares the full prefill."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
-from csr_ros.chunklog import ChunkLog, read_log, rebuild_state, resume, save_capsule
+from csr_ros.chunklog import (ChunkLog, read_log, rebuild_state, resume, save_capsule,
+                              segment_files)
 from csr_ros.reconcile.driver import Reconciler
 from csr_ros.reconcile.machine import ReconcileConfig
 from csr_ros.state import CsrState
@@ -40,6 +43,7 @@ def crashed_run(tokenizer, layout, tmp_path_factory):
             assert rec.query("Next action?", max_new_tokens=2).ok
         assert rec.wait_idle(timeout_s=120)
         n_capsule = save_capsule(resource, capsule_path)
+        chunk_log.save_capsule(resource)                # the same, named by the checkpoint
         for _ in range(3):                      # logged after the capsule, before the "crash"
             rec.add_chunk(observation(i), source="cam", stamp_ns=i)
             i += 1
@@ -89,3 +93,38 @@ def test_restart_resumes_from_the_capsule_and_prefills_only_what_came_after_it(
             "the first query after the restart finds the whole static part cached"
     finally:
         fresh.close()
+
+
+def test_restart_from_the_last_checkpoint_resumes_from_the_capsule_it_names(
+        tokenizer, layout, crashed_run):
+    from csr_ros.resources.local import LocalResource
+
+    log_path, _, n_capsule, committed = crashed_run
+    with ChunkLog(log_path) as chunk_log:
+        assert chunk_log.checkpoint.capsule_tokens == n_capsule
+        assert chunk_log.checkpoint.n_static_tokens is not None
+        assert len(chunk_log.segments_read) < len(segment_files(log_path)), \
+            "only the segments from the checkpoint on"
+        state = rebuild_state(chunk_log.records,
+                              CsrState(tokenizer=tokenizer, layout=layout, profile=PROFILE))
+        capsule = chunk_log.capsule_path
+    assert tuple(state.static_ids) == committed
+    fresh = LocalResource(name="r1", threads=1, max_context_tokens=1024)
+    try:
+        resumed = resume(fresh, state, capsule)
+        assert resumed.n_from_capsule == n_capsule > 0
+        assert resumed.n_prefilled == len(committed) - n_capsule
+        assert fresh.committed_ids == committed
+    finally:
+        fresh.close()
+
+
+def test_a_capsule_goes_once_no_checkpoint_names_it(crashed_run, tmp_path):
+    log_path = shutil.copytree(crashed_run[0], tmp_path / "log")
+    with ChunkLog(log_path) as chunk_log:
+        capsule = chunk_log.capsule_path
+        version, next_seq = chunk_log.checkpoint.version, chunk_log.records[-1].seq + 1
+        chunk_log.append_version(version + 1, next_seq, next_seq, "sync")
+        assert capsule.exists(), "CHECKPOINT.prev still names it"
+        chunk_log.append_version(version + 2, next_seq, next_seq, "sync")
+        assert not capsule.exists() and not any(capsule.parent.iterdir())
