@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "eval": ("eval", "memory recall against decision latency: CSR, window, BM25, no memory"),
     "gateway": ("gateway", "an OpenAI-compatible HTTP front door over the reconciler"),
     "fleet": ("fleet", "K robots on P servers behind vLLM's router, per routing policy"),
+    "chunklog": ("chunklog", "the chunk log: restart benchmark (bench), what a log holds (info)"),
 }
 
 

@@ -450,5 +450,6 @@ def test_bench_restart_reads_as_many_segments_for_a_long_history_as_for_a_short_
     read = [c["bytes_read"] for c in cases.values()]
     assert max(read) < 1.05 * min(read), "the same state read, whatever lies behind it"
     assert set(report["ratios"]) == {"behind_20000_over_behind_1000", "age_1d_over_age_3600s"}
+    assert all(set(r) == {"median", "min"} for r in report["ratios"].values())
     assert not any((tmp_path / name).exists() for name in cases), "removed unless kept"
     json.dumps(report)

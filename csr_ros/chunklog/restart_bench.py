@@ -146,28 +146,18 @@ def write_synthetic_log(path: Path, records: Iterator, *,
             "log_bytes": n_bytes}
 
 
-def measure_restart(path: Path, empty_state: Callable | None, repeats: int) -> dict:
-    """Open the log as a restart does and fold it; `repeats` timed runs after a warm-up."""
-    runs = []
-    for i in range(repeats + 1):
-        started = time.perf_counter()
-        with ChunkLog(path) as chunk_log:
-            opened = time.perf_counter()
-            state = rebuild_state(chunk_log.records, empty_state()) if empty_state else None
-            folded = time.perf_counter()
-            segments_read, bytes_read = chunk_log.segments_read, chunk_log.bytes_read
-            n_records = len(chunk_log.records)
-        if i:
-            runs.append((folded - started, opened - started, folded - opened))
-    restart = [r[0] for r in runs]
-    return {"restart_s": {"median": statistics.median(restart), "min": min(restart),
-                          "max": max(restart)},
-            "open_s": statistics.median(r[1] for r in runs),
-            "rebuild_s": statistics.median(r[2] for r in runs),
-            "segments_read": len(segments_read), "bytes_read": bytes_read,
-            "records_folded": n_records,
-            "state_chunks": len(state.chunks) if state else None,
-            "static_tokens": state.n_static if state else None}
+def restart_once(path: Path, empty_state: Callable | None) -> dict:
+    """Open the log as a restart does and fold what it reads into a state."""
+    started = time.perf_counter()
+    with ChunkLog(path) as chunk_log:
+        opened = time.perf_counter()
+        state = rebuild_state(chunk_log.records, empty_state()) if empty_state else None
+        folded = time.perf_counter()
+        return {"restart_s": folded - started, "open_s": opened - started,
+                "rebuild_s": folded - opened, "segments_read": len(chunk_log.segments_read),
+                "bytes_read": chunk_log.bytes_read, "records_folded": len(chunk_log.records),
+                "state_chunks": len(state.chunks) if state else None,
+                "static_tokens": state.n_static if state else None}
 
 
 def bench_restart(work_dir: str | Path, *, behind: tuple[int, ...] = (1_000, 1_000_000),
@@ -176,9 +166,13 @@ def bench_restart(work_dir: str | Path, *, behind: tuple[int, ...] = (1_000, 1_0
                   progress: Callable[[str], None] | None = None) -> dict:
     """Restart time of synthetic logs with `behind` chunks before their last checkpoint, and
     of logs of robots `ages_s` seconds old. Every log ends in the same state (TAIL_CHUNKS
-    after a version), so what differs is the history behind it. `model`: whose tokenizer
-    rebuilds the state (None: the log is only opened and read). Logs are written under
-    `work_dir` and removed afterwards unless `keep`."""
+    after a version), so what differs is the history behind it.
+
+    All logs are written first; then one warm-up restart of each, left out, and `repeats`
+    rounds that restart each log once in turn, so that the load of a shared machine falls on
+    every log alike. `model`: whose tokenizer rebuilds the state (None: the log is only opened
+    and read). Logs are written under `work_dir` and removed afterwards unless `keep`.
+    """
     say = progress or (lambda line: None)
     empty_state = _empty_state_factory(model) if model else None
     work_dir = Path(work_dir)
@@ -190,31 +184,56 @@ def bench_restart(work_dir: str | Path, *, behind: tuple[int, ...] = (1_000, 1_0
                     "chunks_per_robot_year": chunks_in(YEAR_S),
                     "tau_mem_tokens": TAU_MEM_TOKENS, "state_chunks_at_tau_mem": STATE_CHUNKS,
                     "repeats": repeats, "tokenizer": model, "cases": {}}
-    for name, n_chunks in cases:
-        path = work_dir / name
-        if path.exists():
-            shutil.rmtree(path)
-        need = n_chunks * BYTES_PER_CHUNK_BOUND
-        if disk_free_bytes(work_dir) < need:
-            raise ConfigError(f"{work_dir}: {name} needs about {need / 1e9:.1f} GB of disk "
-                              f"({n_chunks:,} chunks), {disk_free_bytes(work_dir) / 1e9:.1f} GB "
-                              "free: give another directory or leave that case out")
-        say(f"{name}: writing {n_chunks:,} chunks")
-        started = time.perf_counter()
-        built = write_synthetic_log(path, synthetic_records(n_chunks))
-        built["build_s"] = time.perf_counter() - started
-        checkpoint = json.loads((path / CHECKPOINT).read_text())["body"]
-        built["chunks_behind_checkpoint"] = checkpoint["next_seq"]
-        say(f"{name}: {built['log_bytes'] / 1e6:,.1f} MB in {built['segments']:,} segments "
-            f"({built['build_s']:.1f} s); restarting {repeats} + 1 times")
-        built.update(measure_restart(path, empty_state, repeats))
-        report["cases"][name] = built
-        say(f"{name}: restart {built['restart_s']['median'] * 1e3:.1f} ms (median), "
-            f"{built['segments_read']} segments, {built['bytes_read']:,} bytes read")
+    try:
+        for name, n_chunks in cases:
+            report["cases"][name] = _build(work_dir / name, n_chunks, say)
+        samples: dict[str, list[dict]] = {name: [] for name, _ in cases}
+        for round_ in range(repeats + 1):
+            say(f"restart round {round_ + 1} of {repeats + 1}" + (" (warm-up)" if not round_
+                                                                  else ""))
+            order = [name for name, _ in cases]
+            for name in order[round_ % len(order):] + order[:round_ % len(order)]:
+                run = restart_once(work_dir / name, empty_state)
+                if round_:
+                    samples[name].append(run)
+        for name, runs in samples.items():
+            report["cases"][name].update(_summary(runs))
+    finally:
         if not keep:
-            shutil.rmtree(path)
+            for name, _ in cases:
+                shutil.rmtree(work_dir / name, ignore_errors=True)
     report["ratios"] = _ratios(report["cases"])
     return report
+
+
+def _build(path: Path, n_chunks: int, say: Callable[[str], None]) -> dict:
+    if path.exists():
+        shutil.rmtree(path)
+    need = n_chunks * BYTES_PER_CHUNK_BOUND
+    if disk_free_bytes(path.parent) < need:
+        raise ConfigError(f"{path.parent}: {path.name} needs about {need / 1e9:.1f} GB of disk "
+                          f"({n_chunks:,} chunks), {disk_free_bytes(path.parent) / 1e9:.1f} GB "
+                          "free: give another directory or leave that case out")
+    say(f"{path.name}: writing {n_chunks:,} chunks")
+    started = time.perf_counter()
+    built = write_synthetic_log(path, synthetic_records(n_chunks))
+    built["build_s"] = time.perf_counter() - started
+    built["chunks_behind_checkpoint"] = json.loads((path / CHECKPOINT).read_text())["body"][
+        "next_seq"]
+    say(f"{path.name}: {built['log_bytes'] / 1e6:,.1f} MB in {built['segments']:,} segments "
+        f"({built['build_s']:.1f} s)")
+    return built
+
+
+def _summary(runs: list[dict]) -> dict:
+    restart = [r["restart_s"] for r in runs]
+    last = runs[-1]
+    return {"restart_s": {"median": statistics.median(restart), "min": min(restart),
+                          "max": max(restart)},
+            "open_s": statistics.median(r["open_s"] for r in runs),
+            "rebuild_s": statistics.median(r["rebuild_s"] for r in runs),
+            **{k: last[k] for k in ("segments_read", "bytes_read", "records_folded",
+                                    "state_chunks", "static_tokens")}}
 
 
 def _ratios(cases: dict) -> dict:
@@ -225,8 +244,9 @@ def _ratios(cases: dict) -> dict:
     for group in (behind, ages):
         if len(group) >= 2:
             small, large = group[0], group[-1]
-            out[f"{large}_over_{small}"] = (cases[large]["restart_s"]["median"] /
-                                            cases[small]["restart_s"]["median"])
+            out[f"{large}_over_{small}"] = {
+                stat: cases[large]["restart_s"][stat] / cases[small]["restart_s"][stat]
+                for stat in ("median", "min")}
     return out
 
 
