@@ -57,6 +57,8 @@ def segment_files(path: str | Path) -> list[Path]:
     path = readable_path(Path(path))
     if path.is_file():
         return [path]
+    if not path.is_dir():
+        raise FileNotFoundError(f"no chunk log at {path}")
     return [path / segment_name(n) for n in list_segments(path)]
 
 

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from csr_ros.chunklog import Checkpoint, bench_restart, read_from_checkpoint, segment_files
+from csr_ros.errors import ConfigError
 
 DAY_S = 86_400
 
@@ -82,6 +83,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     """Read only: a running writer's log can be looked at."""
+    if not args.path.exists():
+        raise ConfigError(f"no chunk log at {args.path}")
     files = segment_files(args.path)
     total = sum(f.stat().st_size for f in files)
     print(f"{args.path}: {len(files)} segments, {total:,} bytes"
@@ -97,6 +100,6 @@ def _info(args: argparse.Namespace) -> int:
         print(f"checkpoint v{checkpoint.version}: chunks {checkpoint.first_seq} to "
               f"{checkpoint.next_seq - 1}, {checkpoint.n_static_tokens} static tokens, stream "
               f"{checkpoint.stream or '-'}, capsule {checkpoint.capsule or '-'}; a restart "
-              f"reads segments {checkpoint.keep_segment} to {len(files) and files[-1].stem}")
+              f"reads segments {checkpoint.keep_segment} to {int(files[-1].stem)}")
     print(f"a restart folds {len(records):,} records")
     return 0
