@@ -130,6 +130,16 @@ def test_the_records_in_memory_are_what_a_restart_reads_and_stay_the_size_of_the
     assert max(sizes) < 330, "trimmed at every checkpoint, never the whole history"
 
 
+def test_records_that_begin_after_chunk_0_rebuild_a_state_that_starts_there_with_a_warning(
+        tmp_path, tokenizer, layout, caplog):
+    path = tmp_path / "log"
+    write(path, [StreamRecord("s"), *map(chunk, range(40, 45))])
+    with caplog.at_level(logging.WARNING, logger="csr_ros.chunklog"):
+        state = rebuild_state(ChunkLog(path).records, new_state(tokenizer, layout))
+    assert [c.seq for c in state.chunks] == [40, 41, 42, 43, 44] and state.next_seq == 45
+    assert "the records begin at chunk 40, not 0" in caplog.text
+
+
 def test_the_checkpoint_names_the_static_token_count_and_a_different_profile_is_warned_about(
         tmp_path, tokenizer, layout, caplog):
     path = tmp_path / "log"

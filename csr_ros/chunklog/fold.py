@@ -25,7 +25,8 @@ def rebuild_state(records: Iterable[Record], initial: CsrState) -> CsrState:
     """Fold `records` into `initial` (an empty state with the same tokenizer/layout/profile).
 
     Every chunk is re-tokenized from its logged text, as it was when it first arrived, so the
-    rebuilt static token ids equal the original ones. A `Checkpoint` first stands for every
+    rebuilt static token ids equal the original ones. Records that begin after chunk 0 without a
+    checkpoint start the state there (with a warning). A `Checkpoint` first stands for every
     record before it: the state starts at its version and first chunk, and the static token
     count it names is checked once its chunks are in (a warning where it differs: the
     tokenizer, chat template or profile is not the one the log was written with).
@@ -44,11 +45,12 @@ def rebuild_state(records: Iterable[Record], initial: CsrState) -> CsrState:
             base = _check_base(state, base)
             continue
         if isinstance(record, ChunkRecord):
-            if not started and record.seq != 0:
-                raise ChunkLogError(
-                    f"the records begin at chunk {record.seq}, not 0, and no checkpoint opens "
-                    "them: older segments were dropped (retention of a log that keeps no state"
-                    "?), so no state can be rebuilt from them")
+            if not started and record.seq != state.next_seq:
+                log.warning("the records begin at chunk %d, not %d, and no checkpoint opens "
+                            "them: the chunks before it were never logged (the writer joined "
+                            "late) or their segments were dropped; the state starts at it",
+                            record.seq, state.next_seq)
+                state.next_seq = Seq(record.seq)
             started = True
             ids = tuple(state.tokenizer.encode_data(record.text))
             state.append(Chunk(seq=record.seq, source=record.source, stamp_ns=record.stamp_ns,

@@ -26,7 +26,7 @@ CHECKPOINT_PREV = "CHECKPOINT.prev"
 LOCK = "LOCK"
 ARCHIVE = "archive"
 CAPSULE_PREFIX = "capsule-"
-CAPSULE_TMP = "capsule.tmp"
+ARCHIVE_TMP = ".writing.tmp"
 MIGRATING_SUFFIX = ".migrating"
 CHECKPOINT_FORMAT = "csr-chunklog-checkpoint/1"
 TMP_SUFFIX = ".tmp"
@@ -169,8 +169,9 @@ def write_checkpoint(directory: Path, checkpoint: Checkpoint) -> None:
 
 
 def remove_leftovers(directory: Path) -> None:
-    """Temporary files of an interrupted write (fixed names: no directory listing needed)."""
-    for name in (CHECKPOINT + TMP_SUFFIX, CAPSULE_TMP, CAPSULE_TMP + TMP_SUFFIX):
+    """Temporary files of an interrupted write (fixed names: no directory listing needed; the
+    capsules' folder is cleaned by the writer)."""
+    for name in (CHECKPOINT + TMP_SUFFIX, f"{ARCHIVE}/{ARCHIVE_TMP}"):
         (directory / name).unlink(missing_ok=True)
 
 

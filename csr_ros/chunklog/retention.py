@@ -14,13 +14,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from csr_ros.chunklog.logdir import ARCHIVE, fsync_dir, segment_name
+from csr_ros.chunklog.logdir import ARCHIVE, ARCHIVE_TMP, fsync_dir, segment_name
 from csr_ros.errors import ConfigError
 
 log = logging.getLogger("csr_ros.chunklog")
 
 ACTIONS = ("archive", "delete")
-ARCHIVE_TMP = ".writing.tmp"
 
 
 @dataclass(frozen=True)

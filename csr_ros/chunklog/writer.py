@@ -466,8 +466,9 @@ class ChunkLog:
         if self._latest is not None and self._latest.version == self._version:
             return self._latest
         if self._version == 0 and (self.path / segment_name(0)).exists():
-            # No version yet: the state is every record from the first one on.
-            return Checkpoint(version=Version(0), first_seq=Seq(0), next_seq=Seq(0),
+            # No version yet: the state is every chunk from the first one logged on.
+            first = next((r.seq for r in self.records if isinstance(r, ChunkRecord)), Seq(0))
+            return Checkpoint(version=Version(0), first_seq=first, next_seq=first,
                               n_static_tokens=None, stream="", keep_segment=0,
                               tail_segment=0, tail_offset=len(MAGIC))
         raise ChunkLogError(f"{self.path}: no checkpoint of v{self._version} to name a capsule "
