@@ -211,6 +211,19 @@ def test_a_torn_write_in_the_last_segment_is_truncated_after_rotations(tmp_path,
     assert chunks[-1].text == "again\n"
 
 
+def test_zeros_at_the_end_of_the_last_segment_are_a_torn_tail_not_corruption(tmp_path, caplog):
+    path = tmp_path / "log"
+    records = write(path, [StreamRecord("s"), *map(chunk, range(30))])
+    last = segment_files(path)[-1]
+    intact = last.read_bytes()
+    last.write_bytes(intact + bytes(300))        # grown by a crash, its data never written
+    with caplog.at_level(logging.WARNING, logger="csr_ros.chunklog"):
+        with ChunkLog(path) as chunk_log:
+            assert chunk_log.records == records
+    assert f"ends in 300 zero bytes from byte {len(intact)}" in caplog.text
+    assert last.read_bytes() == intact
+
+
 def test_a_crc_mismatch_in_an_older_segment_is_a_chunk_log_error_naming_it(tmp_path):
     path = tmp_path / "log"
     write(path, [StreamRecord("s"), *map(chunk, range(300))], max_segment_bytes=4096)

@@ -107,9 +107,11 @@ def scan(data: bytes, *, where: str = "chunk log",
          start: int | None = None) -> tuple[list[Record], int, str | None]:
     """Parse a segment image from `start` (default: just after the magic).
 
-    Returns (records, length of the intact part, why the tail is torn or None). Raises
-    `ChunkLogError` on damage that a crash while appending cannot explain: a bad magic, a bad
-    record header, or a bad payload with more records after it.
+    Returns (records, length of the intact part, why the tail is torn or None). A torn tail is
+    a record cut short, a last payload that fails its checksum, or zeros to the end (a crash
+    after the file grew and before its data was written back). Raises `ChunkLogError` on
+    damage that a crash while appending cannot explain: a bad magic, a bad record header, or a
+    bad payload with more records after it.
     """
     if len(data) < len(MAGIC):
         if MAGIC.startswith(data):
@@ -124,6 +126,9 @@ def scan(data: bytes, *, where: str = "chunk log",
             return records, pos, f"the last record header is cut at byte {pos}"
         length, length_crc, payload_crc = _HEADER.unpack_from(data, pos)
         if zlib.crc32(data[pos:pos + 4]) != length_crc:
+            if not any(data[pos:]):        # the file's new size reached the disk, its data not
+                return records, pos, f"the file ends in {len(data) - pos} zero bytes from " \
+                                     f"byte {pos}"
             raise ChunkLogError(f"{where}: record header at byte {pos} is corrupt")
         end = pos + _HEADER.size + length
         if end > len(data):
