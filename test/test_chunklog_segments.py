@@ -87,6 +87,13 @@ def test_a_segment_that_would_pass_max_segment_bytes_is_rotated_first(tmp_path):
     assert [r for r in read_log(path) if isinstance(r, ChunkRecord)] == records[1:]
 
 
+def test_a_log_that_cannot_be_created_is_a_chunk_log_error_that_says_where(tmp_path):
+    (tmp_path / "a_file").write_text("not a directory")
+    with pytest.raises(ChunkLogError, match="a_file/log: cannot open the chunk log: .*Not a "
+                                            "directory"):
+        ChunkLog(tmp_path / "a_file" / "log")
+
+
 def test_max_segment_bytes_below_the_minimum_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="max_segment_bytes must be at least 4096"):
         ChunkLog(tmp_path / "log", max_segment_bytes=100)

@@ -71,16 +71,18 @@ class ChunkLog:
         self._mutex = threading.RLock()   # the node and the driver's workers both append
         self._fd: int | None = None
         self._lock_fd: int | None = None
-        self._prepare_directory()
-        self._take_lock()
         try:
+            self._prepare_directory()
+            self._take_lock()
             remove_leftovers(self.path)
             self._start(load_image(self.path))
-        except BaseException:
+        except BaseException as exc:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
             self._release_lock()
+            if isinstance(exc, OSError):
+                raise _os_error(exc, f"{self.path}: cannot open the chunk log") from None
             raise
 
     # -- opening -------------------------------------------------------------------------------
@@ -249,14 +251,8 @@ class ChunkLog:
         self._dirty = False
 
     def _write_error(self, exc: OSError, what: str) -> ChunkLogError:
-        where = self._segment_path(self._segment)
-        if exc.errno in _DISK_FULL:
-            return ChunkLogFullError(
-                f"{where}: {what} was not written: {exc.strerror} "
-                f"({errno.errorcode.get(exc.errno, exc.errno)}). The log holds every record "
-                "before it; appending works again once space is freed")
-        return ChunkLogError(f"{where}: {what} was not written: {exc}. The log holds every "
-                             "record before it")
+        return _os_error(exc, f"{self._segment_path(self._segment)}: {what} was not written",
+                         "The log holds every record before it")
 
     def _note(self, record: Record) -> None:
         """Bookkeeping of a record now in the current segment."""
@@ -447,10 +443,15 @@ class ChunkLog:
             folder = self.path / CAPSULES
             folder.mkdir(exist_ok=True)
             tmp = folder / ".writing.tmp"
-            n_tokens = save_capsule(resource, tmp)
-            name = f"{CAPSULES}/{CAPSULE_PREFIX}v{int(base.version):012d}-{n_tokens}.capsule"
-            os.replace(tmp, self.path / name)
-            fsync_dir(folder)
+            try:
+                n_tokens = save_capsule(resource, tmp)
+                name = f"{CAPSULES}/{CAPSULE_PREFIX}v{int(base.version):012d}-{n_tokens}.capsule"
+                os.replace(tmp, self.path / name)
+                fsync_dir(folder)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                raise _os_error(exc, f"{self.path}: the capsule was not saved",
+                                "A restart prefills the whole state") from None
             checkpoint = replace(base, capsule=name, capsule_tokens=n_tokens,
                                  written_unix_s=float(self.clock()))
             self._latest = checkpoint
@@ -481,9 +482,12 @@ class ChunkLog:
         if not folder.is_dir():
             return
         keep = {Path(c.capsule).name for c in self._on_disk.values() if c.capsule}
-        for child in folder.iterdir():
-            if child.name not in keep:
-                child.unlink(missing_ok=True)
+        try:
+            for child in folder.iterdir():
+                if child.name not in keep:
+                    child.unlink(missing_ok=True)
+        except OSError as exc:              # retried after the next checkpoint
+            log.warning("%s: old capsules not removed (%s)", folder, exc)
 
     # -- closing -------------------------------------------------------------------------------
 
@@ -522,6 +526,16 @@ class ChunkLog:
             self.close()
         except Exception:     # interpreter shutdown: nothing left to report to
             pass
+
+
+def _os_error(exc: OSError, what: str, state: str = "") -> ChunkLogError:
+    """`what` failed because of `exc`: ChunkLogFullError where the disk is full."""
+    state = f". {state}" if state else ""
+    if exc.errno in _DISK_FULL:
+        return ChunkLogFullError(f"{what}: {exc.strerror} "
+                                 f"({errno.errorcode.get(exc.errno, exc.errno)}){state}; "
+                                 "appending works again once space is freed")
+    return ChunkLogError(f"{what}: {exc}{state}")
 
 
 def _describe(record: Record) -> str:
