@@ -454,6 +454,17 @@ def test_a_second_process_cannot_write_the_log_and_a_killed_writer_leaves_nothin
     assert read_log(path) == [StreamRecord("after the kill")]
 
 
+def test_a_second_writer_in_the_same_process_is_refused_until_the_first_is_closed(tmp_path):
+    path = tmp_path / "log"
+    first = ChunkLog(path)
+    with pytest.raises(ChunkLogError, match="already open for writing in this process"):
+        ChunkLog(path)
+    first.close()
+    with ChunkLog(path) as second:
+        second.append_stream("s")
+    assert read_log(path) == [StreamRecord("s")]
+
+
 # -- the restart benchmark ----------------------------------------------------------------------
 
 def test_the_bulk_synthetic_log_is_byte_for_byte_what_the_writer_writes(tmp_path):

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -41,6 +42,8 @@ DEFAULT_MAX_SEGMENT_BYTES = 16 * 1024 * 1024
 MIN_SEGMENT_BYTES = 4096
 CAPSULES = "capsules"
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+_WRITERS: "weakref.WeakValueDictionary[str, ChunkLog]" = weakref.WeakValueDictionary()
+_WRITERS_LOCK = threading.Lock()
 
 
 class ChunkLog:
@@ -73,6 +76,7 @@ class ChunkLog:
         self._lock_fd: int | None = None
         try:
             self._prepare_directory()
+            self._register()
             self._take_lock()
             remove_leftovers(self.path)
             self._start(load_image(self.path))
@@ -81,6 +85,7 @@ class ChunkLog:
                 os.close(self._fd)
                 self._fd = None
             self._release_lock()
+            self._unregister()
             if isinstance(exc, OSError):
                 raise _os_error(exc, f"{self.path}: cannot open the chunk log") from None
             raise
@@ -102,6 +107,21 @@ class ChunkLog:
             fsync_dir(path.parent)
         elif not path.is_dir():
             raise ChunkLogError(f"{path} is neither a chunk log directory nor a chunk log file")
+
+    def _register(self) -> None:
+        """One writer per log within this process too (the file lock is per process)."""
+        self._key = os.path.realpath(self.path)
+        with _WRITERS_LOCK:
+            other = _WRITERS.get(self._key)
+            if other is not None and other._fd is not None:
+                raise ChunkLogError(f"{self.path} is already open for writing in this process: "
+                                    "a chunk log has one writer; close the other first")
+            _WRITERS[self._key] = self
+
+    def _unregister(self) -> None:
+        with _WRITERS_LOCK:
+            if _WRITERS.get(getattr(self, "_key", None)) is self:
+                del _WRITERS[self._key]
 
     def _take_lock(self) -> None:
         """One writer per log: a second process that opens it is refused (the lock goes with
@@ -514,6 +534,7 @@ class ChunkLog:
             os.close(self._fd)
             self._fd = None
             self._release_lock()
+            self._unregister()
 
     def __enter__(self) -> "ChunkLog":
         return self
