@@ -60,8 +60,14 @@ def shaped(n_chunks: int) -> int:
 
 
 def chunk_text(seq: int) -> str:
-    """Patrol-like chunk text, about TOKENS_PER_CHUNK tokens, different for every seq."""
-    t_s = int(seq * TOKENS_PER_CHUNK / TOKENS_PER_S)
+    """Patrol-like chunk text, about TOKENS_PER_CHUNK tokens, different for every seq.
+
+    Every number is cyclic or of fixed width, the episode time too (10,000 s + its remainder
+    modulo 90,000 s), so that a log of any age ends in a state of the same token count. A real
+    robot's episode times grow a digit each tenfold age: that costs in proportion to the state
+    a restart folds, never to the history behind it, which is what is measured here.
+    """
+    t_s = 10_000 + int(seq * TOKENS_PER_CHUNK / TOKENS_PER_S) % 90_000
     x, y = (seq * 37 % 211) / 10 - 10, (seq * 53 % 197) / 10 - 9
     place = _PLACES[seq % len(_PLACES)]
     kind = seq % 7
