@@ -25,6 +25,7 @@ CHECKPOINT = "CHECKPOINT"
 CHECKPOINT_PREV = "CHECKPOINT.prev"
 LOCK = "LOCK"
 ARCHIVE = "archive"
+CAPSULES = "capsules"
 CAPSULE_PREFIX = "capsule-"
 ARCHIVE_TMP = ".writing.tmp"
 MIGRATING_SUFFIX = ".migrating"
@@ -79,24 +80,6 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write, fsync, rename over `path`, fsync the directory: `path` is old or new, never torn.
-
-    On failure the temporary file is removed and `path` is untouched.
-    """
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 # -- checkpoint files -----------------------------------------------------------------------------

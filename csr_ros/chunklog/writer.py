@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from csr_ros.chunklog.fold import save_capsule
-from csr_ros.chunklog.logdir import (CAPSULE_PREFIX, CHECKPOINT, CHECKPOINT_PREV, LOCK,
+from csr_ros.chunklog.logdir import (CAPSULE_PREFIX, CAPSULES, CHECKPOINT, CHECKPOINT_PREV, LOCK,
                                      LogImage, finish_migration, fsync_dir, list_segments,
                                      load_image, migrate_file, remove_leftovers, segment_name,
                                      write_checkpoint)
@@ -40,7 +40,6 @@ log = logging.getLogger("csr_ros.chunklog")
 
 DEFAULT_MAX_SEGMENT_BYTES = 16 * 1024 * 1024
 MIN_SEGMENT_BYTES = 4096
-CAPSULES = "capsules"
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 _WRITERS: "weakref.WeakValueDictionary[str, ChunkLog]" = weakref.WeakValueDictionary()
 _WRITERS_LOCK = threading.Lock()
