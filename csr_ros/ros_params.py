@@ -29,6 +29,7 @@ from csr_ros.render import (KIND_DEFAULTS, EmissionConfig, RenderOptions, TopicP
                             emission_kind, normalize_type_name)
 from csr_ros.render.emission import UNSET
 from csr_ros.render.topic_defaults import EVENT, default_period_s
+from csr_ros.stream_defaults import ROBOT as STREAM
 
 if TYPE_CHECKING:
     from csr_ros.state import CsrState
@@ -132,7 +133,8 @@ STATE = [
     _p("profile_file", "", "read the profile from this file instead ('' = use `profile`)"),
     _p("max_chunk_tokens", 1024, "longest chunk in tokens (longer ones are truncated)",
        min_value=8),
-    _p("context_tokens", 8192, "context maximum of each resource", min_value=256),
+    _p("context_tokens", STREAM.max_context_tokens, "context maximum of each resource",
+       min_value=256),
     # The action vocabulary is part of the fixed profile, so policy and reconciler read it.
     _p("actions.vocabulary", list(DEFAULT_ACTIONS), "typed actions, `name(arg: type, ...)` with "
        "type str|int|float|bool|a|b|c|$seen_name ([] and no schema: free text only)",
@@ -160,10 +162,10 @@ RESOURCE = [
 POLICY = TOPICS + ROBOT + STATE + RESOURCE + [
     _p("task", "Decide the robot's next action in one short line.",
        "instruction of each periodic query"),
-    _p("rate_hz", 2.0, "decision rate (a query never starts while one is running)",
+    _p("rate_hz", STREAM.rate_hz, "decision rate (a query never starts while one is running)",
        positive=True),
-    _p("max_new_tokens", 48, "tokens generated per decision (an action not complete within "
-       "them is published as not valid)", min_value=1),
+    _p("max_new_tokens", STREAM.max_new_tokens, "tokens generated per decision (an action not "
+       "complete within them is published as not valid)", min_value=1),
     _p("topics.actions", "csr/actions", "Action stream: the typed action of each valid "
        "decision"),
     _p("services.decide", "csr/decide", "Decide action of the policy node (a decision with "
@@ -181,11 +183,12 @@ POLICY = TOPICS + ROBOT + STATE + RESOURCE + [
 ]
 
 RECONCILER = TOPICS + CHUNKS + ROBOT + STATE + RESOURCE + [
-    _p("tau_mem_tokens", 6144, "static tokens that trigger reconciliation (eviction)",
-       min_value=1),
-    _p("n_catchup_tokens", 256, "catch up while the buffer holds more than this", min_value=0),
-    _p("reserve_tokens", 512, "room kept for the dynamic part and the answer of one query",
-       min_value=0),
+    _p("tau_mem_tokens", STREAM.tau_mem_tokens, "static tokens that trigger reconciliation "
+       "(eviction)", min_value=1),
+    _p("n_catchup_tokens", STREAM.n_catchup_tokens, "catch up while the buffer holds more than "
+       "this", min_value=0),
+    _p("reserve_tokens", STREAM.reserve_tokens, "room kept for the dynamic part and the answer "
+       "of one query", min_value=0),
     _p("startup_timeout_s", 600.0, "keep retrying to reach the resources this long",
        positive=True),
     _p("eviction.policy", "oldest_fraction", "eviction policy",

@@ -17,6 +17,7 @@ from pathlib import Path
 from csr_ros.errors import ConfigError
 from csr_ros.gateway.service import Backend, GatewayConfig
 from csr_ros.reconcile.machine import ReconcileConfig
+from csr_ros.stream_defaults import GATEWAY
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--background-threads", type=int, default=1,
       help="threads of a local engine while it warms up or catches up")
     a("--dtype", default="auto", help="local engine precision (auto, float32, bfloat16)")
-    a("--max-context-tokens", type=int, default=8192)
-    a("--tau-mem", type=int, default=6144, help="history tokens that start an eviction")
-    a("--reserve-tokens", type=int, default=256,
+    a("--max-context-tokens", type=int, default=GATEWAY.max_context_tokens)
+    a("--tau-mem", type=int, default=GATEWAY.tau_mem_tokens,
+      help="history tokens that start an eviction")
+    a("--reserve-tokens", type=int, default=GATEWAY.reserve_tokens,
       help="dynamic part + answer of one query; also the largest max_tokens")
-    a("--n-catchup", type=int, default=64)
+    a("--n-catchup", type=int, default=GATEWAY.n_catchup_tokens)
     a("--max-sessions", type=int, default=4,
       help="sessions held at once; a new one closes the least recently used idle one")
-    a("--default-max-tokens", type=int, default=64)
+    a("--default-max-tokens", type=int, default=GATEWAY.max_new_tokens)
     a("--profile", default="You are a helpful assistant.",
       help="the system message of a chat that sends none")
     a("--bench", action="store_true",
