@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("llguidance")
 
 from csr_ros.actions import Vocabulary  # noqa: E402
-from csr_ros.episode import Episode  # noqa: E402
+from csr_ros.demo_episode import Episode  # noqa: E402
 from csr_ros.layout import Layout  # noqa: E402
 from csr_ros.state import CsrState  # noqa: E402
 

@@ -15,7 +15,7 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp")
 
 from csr_ros.actions import Vocabulary  # noqa: E402
-from csr_ros.episode import Episode  # noqa: E402
+from csr_ros.demo_episode import Episode  # noqa: E402
 from csr_ros.errors import (CapsuleError, CapsuleMismatchError, ConfigError,  # noqa: E402
                             ContextOverflowError, StaleCapsuleError)
 from csr_ros.layout import Layout  # noqa: E402

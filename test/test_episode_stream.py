@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from csr_ros.episode import Episode, parse_action
+from csr_ros.demo_episode import Episode, parse_action
 
 
 def take(episode: Episode, n: int):

@@ -4,5 +4,6 @@
     service.py   sessions, each a CsrState and a Reconciler over its own pair of resources
     app.py       the HTTP adapter (starlette, served by uvicorn): /v1/chat/completions,
                  /v1/completions, /v1/models, /health, /v1/csr/sessions
-    bench.py     TTFT through the gateway against the same queries sent straight to the resource
+    overhead_bench.py  TTFT through the gateway against the same queries sent straight to
+                       the resource
 """

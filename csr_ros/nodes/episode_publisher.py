@@ -1,4 +1,4 @@
-"""The episode publisher: the synthetic episode (csr_ros.episode) as a robot's topics.
+"""The episode publisher: the synthetic episode (csr_ros.demo_episode) as a robot's topics.
 
     /odom            nav_msgs/Odometry         pose and heading of each odometry step
     /scan            sensor_msgs/LaserScan     360 beams to the walls of a 10 m room, per step
@@ -25,7 +25,7 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import BatteryState, LaserScan
 from std_msgs.msg import String
 
-from csr_ros.episode import Episode
+from csr_ros.demo_episode import Episode
 from csr_ros.nodes.common import run
 
 TOPICS = {"odom": ("/odom", Odometry), "scan": ("/scan", LaserScan),

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from csr_ros.actions import SeenValues, Vocabulary
-from csr_ros.episode import Episode
+from csr_ros.demo_episode import Episode
 from csr_ros.errors import ConfigError
 from csr_ros.layout import Layout
 from csr_ros.state import CsrState

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from csr_ros.actions import Decision, SeenValues, Vocabulary
 from csr_ros.chunklog import ChunkLog, read_log, rebuild_state
-from csr_ros.episode import Episode
+from csr_ros.demo_episode import Episode
 from csr_ros.errors import ConfigError
 from csr_ros.eviction import make_policy
 from csr_ros.layout import Layout
@@ -150,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.ros:
-        from csr_ros.nodes.ros_demo import run_ros_demo  # needs rclpy and the interfaces
+        from csr_ros.harness.ros_demo import run_ros_demo  # needs rclpy and the interfaces
 
         summary = run_ros_demo(args)
     else:

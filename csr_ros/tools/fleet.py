@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from csr_ros.errors import ConfigError, ResourceError, ResourceTimeoutError
-from csr_ros.fleet import (RunSpec, cache_counters, markdown_table, merge_usage, parse_counts,
+from csr_ros.fleet_plan import (RunSpec, cache_counters, markdown_table, merge_usage, parse_counts,
                            plan_runs, robot_id, robot_seed, robot_summary, run_summary,
                            server_cache_delta)
 from csr_ros.router import ENGINES, ROUTER_POLICIES, ServerPool

@@ -118,7 +118,7 @@ def backend_factory(args: argparse.Namespace):
 
 
 def _bench(args: argparse.Namespace, config: GatewayConfig, factory) -> int:
-    from csr_ros.gateway.bench import SESSION, format_summary, run_bench
+    from csr_ros.gateway.overhead_bench import SESSION, format_summary, run_bench
 
     if args.n + args.m + config.reconcile.reserve_tokens > args.max_context_tokens:
         raise ConfigError(f"--n {args.n} + --m {args.m} + --reserve-tokens do not fit in "

@@ -35,7 +35,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 
 from csr_ros.actions import Vocabulary
-from csr_ros.episode import Episode
+from csr_ros.demo_episode import Episode
 from csr_ros.errors import ConfigError, CsrError
 from csr_ros.msg import PolicyDecision, StateChunk, SwapEvent
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, time_ns

@@ -1,0 +1,9 @@
+"""Run harnesses: whole runs over real resources or a real ROS 2 graph, measured, below the
+`csr-ros` tools that parse their options.
+
+    ros_demo       the synthetic episode through the ROS 2 nodes, each in its own process
+    replay_graph   a recorded bag through the aggregator and all_in_one, measured
+
+ros_demo and replay_graph run node processes and observe their topics: they import rclpy, the
+only modules outside csr_ros.nodes that do.
+"""
