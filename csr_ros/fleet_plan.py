@@ -9,7 +9,7 @@
 Each robot is one synthetic episode (its own seed), its own CSR state, its own ASR pair (two
 roles, r1 and r2, on the pool behind the router, each request keyed by robot and state
 version) and its own 2 Hz policy: the demo's episode loop, run once per robot
-(csr_ros.tools.fleet).
+(csr_ros.harness.fleet_runs).
 
 The hit ratio is the servers' own count: the prompt tokens they reported as read from their
 prefix cache (`usage.prompt_tokens_details.cached_tokens`) over the prompt tokens of the
@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from csr_ros.episode_run import RunSummary
 from csr_ros.errors import ConfigError
 from csr_ros.stats import percentile
 
@@ -104,26 +105,26 @@ def merge_usage(totals: Sequence[dict]) -> dict:
     return out
 
 
-def robot_summary(rid: str, seed: int, demo: dict, usage: dict) -> dict:
+def robot_summary(rid: str, seed: int, demo: RunSummary, usage: dict) -> dict:
     """One robot of a run: the demo loop's summary and its two resources' usage."""
     queries = usage.get("queries", {})
     prefills = usage.get("prefills", {})
     return {
         "robot_id": rid, "seed": seed,
-        "decisions_per_s": demo["decisions_per_s"], "rate_hz": demo["rate_hz"],
-        "decisions": demo["decisions"], "queries": demo["queries"],
-        "failed_queries": demo["failed_queries"],
-        "ttft_p50_s": demo["ttft"]["p50_s"], "ttft_p99_s": demo["ttft"]["p99_s"],
-        "swaps": demo["swaps"], "fallbacks": demo["fallbacks"], "cycles": demo["cycles"],
-        "chunks_in": demo["chunks_in"], "chunks_lost": demo["chunks_lost"],
-        "state_consistent": demo["state_consistent"],
+        "decisions_per_s": demo.decisions_per_s, "rate_hz": demo.settings.rate_hz,
+        "decisions": demo.decisions, "queries": demo.queries,
+        "failed_queries": demo.failed_queries,
+        "ttft_p50_s": demo.ttft.p50_s, "ttft_p99_s": demo.ttft.p99_s,
+        "swaps": demo.swaps, "fallbacks": demo.fallbacks, "cycles": demo.cycles,
+        "chunks_in": demo.chunks_in, "chunks_lost": demo.chunks_lost,
+        "state_consistent": demo.state_consistent,
         "query_prompt_tokens": queries.get("prompt_tokens", 0),
         "query_cached_tokens": queries.get("cached_tokens", 0),
         "queries_without_usage": queries.get("without_usage", 0),
         "hit_ratio": hit_ratio(queries.get("cached_tokens", 0), queries.get("prompt_tokens", 0)),
         "prefill_prompt_tokens": prefills.get("prompt_tokens", 0),
         "prefill_cached_tokens": prefills.get("cached_tokens", 0),
-        "ttfts_s": [s["ttft_s"] for s in demo["samples"]],
+        "ttfts_s": [s.ttft_s for s in demo.samples],
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from csr_ros.episode_run import Answered, EpisodeSettings, RunSummary, Sample, decision_figures
 from csr_ros.errors import ConfigError
 from csr_ros.fleet_plan import (RUN_KEYS, RunSpec, cache_counters, hit_ratio, markdown_table,
                            merge_usage, parse_counts, plan_runs, robot_id, robot_seed,
@@ -34,11 +35,18 @@ vllm:kv_cache_usage_perc{engine="0",model_name="smollm2"} 0.25
 """
 
 
-def _demo_summary(*, lost: int = 0, rate: float = 1.5, ttfts=(0.1, 0.2, 0.3)) -> dict:
-    return {"decisions_per_s": rate, "rate_hz": 2.0, "decisions": 10, "queries": 10,
-            "failed_queries": 0, "ttft": {"p50_s": 0.2, "p99_s": 0.3}, "swaps": 2,
-            "fallbacks": 0, "cycles": 2, "chunks_in": 40, "chunks_lost": lost,
-            "state_consistent": True, "samples": [{"ttft_s": t} for t in ttfts]}
+def _demo_summary(*, lost: int = 0, rate: float = 1.5, ttfts=(0.1, 0.2, 0.3)) -> RunSummary:
+    """A robot's episode summary: one valid decision per TTFT, `rate` of them per second."""
+    answered = [Answered(Sample(t_s=float(i), ttft_s=t, inside=False, version=1, n_static=900,
+                                resource="r1"), latency_s=t, valid=True, constrained=True,
+                         action="wait", error="") for i, t in enumerate(ttfts)]
+    return RunSummary(settings=EpisodeSettings(), mode="asr", resource="openai",
+                      duration_s=len(ttfts) / rate, cycles=2, swaps=2, sync_evictions=0,
+                      fallbacks=0, retries=0, failovers=0, chunks_in=40, chunks_lost=lost,
+                      chunks_duplicated=0, chunks_active=20, chunks_evicted=20, final_version=2,
+                      state_consistent=True, queries=len(ttfts), failed_queries=0,
+                      skipped_ticks=0, mask_s_per_token=None, windows=[], timeline=[],
+                      **decision_figures(answered, len(ttfts) / rate))
 
 
 def _usage(prompt: int, cached: int) -> dict:

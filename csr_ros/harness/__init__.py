@@ -1,7 +1,9 @@
 """Run harnesses: whole runs over real resources or a real ROS 2 graph, measured, below the
 `csr-ros` tools that parse their options.
 
-    ros_demo       the synthetic episode through the ROS 2 nodes, each in its own process
+    episode_loop   the synthetic episode through ASR in this process (`csr-ros demo`)
+    ros_demo       the same episode through the ROS 2 nodes, each in its own process
+    fleet_runs     K robots' episodes on P servers behind a router (`csr-ros fleet`)
     replay_graph   a recorded bag through the aggregator and all_in_one, measured
 
 ros_demo and replay_graph run node processes and observe their topics: they import rclpy, the

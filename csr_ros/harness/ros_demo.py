@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -36,24 +36,27 @@ from rclpy.node import Node
 
 from csr_ros.actions import Vocabulary
 from csr_ros.demo_episode import Episode
+from csr_ros.episode_run import (Answered, EpisodeSettings, Event, GraphFigures, RunSummary,
+                                 Sample, decision_figures)
 from csr_ros.errors import ConfigError, CsrError
+from csr_ros.harness.episode_loop import DemoEngines, LiveLine
 from csr_ros.msg import PolicyDecision, StateChunk, SwapEvent
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, time_ns
 from csr_ros.ros_domain import free_ros_domain
-from csr_ros.stats import percentile
 
 ROOT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "csr_ros.yaml"
 CYCLE_REASONS = ("swap", "sync", "fallback")
 
 
-def graph_params(args, episode: Episode) -> dict:
-    """The parameters of the four nodes, from the demo's arguments."""
+def graph_params(settings: EpisodeSettings, engines: DemoEngines, episode: Episode) -> dict:
+    """The parameters of the four nodes, from the demo's settings."""
     Vocabulary.parse(episode.action_specs)          # fails here, not in a node, if bad
     # the action list and its syntax are appended by the nodes (actions.in_profile)
     profile = episode.typed_profile("").replace("\n\n", "\n")
-    shared = {"model": args.model, "context_tokens": args.max_context_tokens,
+    shared = {"model": settings.model, "context_tokens": settings.max_context_tokens,
               "profile": profile, "actions": {"vocabulary": list(episode.action_specs)},
-              "resource": {"kind": "local", "threads": args.threads or 1, "dtype": args.dtype}}
+              "resource": {"kind": "local", "threads": engines.threads or 1,
+                           "dtype": engines.dtype}}
     aggregator = yaml.safe_load(ROOT_CONFIG.read_text())["/**/aggregator"]["ros__parameters"]
     # vision_msgs is not among the PyPI wheels: the episode publishes detections as text
     aggregator["source"]["detections"] = {"topic": "/detections", "type": "std_msgs/msg/String",
@@ -62,15 +65,17 @@ def graph_params(args, episode: Episode) -> dict:
     return json.loads(json.dumps({     # plain data, no YAML aliases
         "/**/aggregator": {"ros__parameters": aggregator},
         "/**/reconciler": {"ros__parameters": shared | {
-            "tau_mem_tokens": args.tau_mem, "n_catchup_tokens": args.n_catchup,
-            "reserve_tokens": args.reserve_tokens,
-            "eviction": {"policy": "oldest_fraction", "fraction": args.eviction_fraction}}},
+            "tau_mem_tokens": settings.tau_mem_tokens,
+            "n_catchup_tokens": settings.n_catchup_tokens,
+            "reserve_tokens": settings.reserve_tokens,
+            "eviction": {"policy": "oldest_fraction", "fraction": settings.eviction_fraction}}},
         "/**/policy": {"ros__parameters": shared | {
-            "rate_hz": args.rate_hz, "max_new_tokens": args.max_new_tokens,
+            "rate_hz": settings.rate_hz, "max_new_tokens": settings.max_new_tokens,
             "task": episode.typed_task(),
-            "actions": shared["actions"] | {"mode": args.actions, "seen": seen}}},
+            "actions": shared["actions"] | {"mode": settings.actions, "seen": seen}}},
         "/**/episode_publisher": {"ros__parameters": {
-            "seed": args.seed, "chunk_rate_hz": args.chunk_rate_hz, "detail": args.detail}},
+            "seed": settings.seed, "chunk_rate_hz": settings.chunk_rate_hz,
+            "detail": settings.detail}},
     }))
 
 
@@ -109,22 +114,25 @@ class _Observer(Node):
                         setattr(self.seen, node, {kv.key: kv.value for kv in status.values})
 
 
-def run_ros_demo(args) -> dict:
-    if args.baseline != "none" or args.resource != "local":
+def run_ros_demo(settings: EpisodeSettings, engines: DemoEngines,
+                 ros_domain_id: int | None = None) -> RunSummary:
+    """The episode through the node processes; `ros_domain_id` None: a free random domain,
+    localhost only."""
+    if settings.mode != "asr" or settings.resource != "local":
         raise ConfigError("--ros runs ASR on two in-process resources (all_in_one); "
                           "--baseline and --resource openai are for the in-process demo")
-    if args.cycles < 1 and args.duration_s is None:
-        raise ConfigError("give --cycles >= 1 or --duration-s")
-    episode = Episode(args.seed, chunk_rate_hz=args.chunk_rate_hz, detail=args.detail)
+    episode = Episode(settings.seed, chunk_rate_hz=settings.chunk_rate_hz,
+                      detail=settings.detail)
     workdir = Path(tempfile.mkdtemp(prefix="csr_ros_demo_"))
     params_file = workdir / "params.yaml"
-    params_file.write_text(yaml.safe_dump(graph_params(args, episode), sort_keys=False))
+    params_file.write_text(yaml.safe_dump(graph_params(settings, engines, episode),
+                                          sort_keys=False))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if args.ros_domain_id is None:
+    if ros_domain_id is None:
         env["ROS_DOMAIN_ID"] = str(free_ros_domain())
         env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     else:
-        env["ROS_DOMAIN_ID"] = str(args.ros_domain_id)
+        env["ROS_DOMAIN_ID"] = str(ros_domain_id)
     # this process joins the same graph (rclpy reads the domain when its context starts)
     os.environ["ROS_DOMAIN_ID"] = env["ROS_DOMAIN_ID"]
     if "ROS_AUTOMATIC_DISCOVERY_RANGE" in env:
@@ -171,7 +179,7 @@ def run_ros_demo(args) -> dict:
             time.sleep(0.2)
         start("episode_publisher")
         started_wall_s = time.time()
-        stopped_early = _wait_until_done(args, seen, procs, workdir, started_wall_s)
+        stopped_early = _wait_until_done(settings, seen, procs, workdir, started_wall_s)
         # the robot stops; the policy then decides over everything that arrived
         procs["episode_publisher"].send_signal(signal.SIGTERM)
         procs["episode_publisher"].wait(timeout=20)
@@ -204,12 +212,9 @@ def run_ros_demo(args) -> dict:
             signal.signal(sig, handler)
     exit_codes = {node: proc.returncode for node, proc in procs.items()}
     with seen.lock:
-        summary = summarize(args, seen, started_wall_s, time.time())
-    summary["exit_codes"] = exit_codes
-    summary["logs"] = str(workdir)
-    if stopped_early:
-        summary["stopped_early"] = stopped_early
-    return summary
+        summary = summarize(settings, seen, started_wall_s, time.time())
+    return replace(summary, graph=replace(summary.graph, exit_codes=exit_codes,
+                                          logs=str(workdir), stopped_early=stopped_early))
 
 
 def _check_alive(procs: dict[str, subprocess.Popen], workdir: Path) -> None:
@@ -219,9 +224,9 @@ def _check_alive(procs: dict[str, subprocess.Popen], workdir: Path) -> None:
             raise CsrError(f"{node} exited with {proc.returncode}:\n{tail}")
 
 
-def _wait_until_done(args, seen: Observed, procs, workdir: Path, started_wall_s: float) -> str:
-    tty = sys.stderr.isatty()
-    last_print_s = 0.0
+def _wait_until_done(settings: EpisodeSettings, seen: Observed, procs, workdir: Path,
+                     started_wall_s: float) -> str:
+    live = LiveLine(width=100)
     cycles_done_at = None
     while True:
         time.sleep(0.25)
@@ -232,35 +237,32 @@ def _wait_until_done(args, seen: Observed, procs, workdir: Path, started_wall_s:
             last = seen.decisions[-1] if seen.decisions else None
             version = seen.swaps[-1].version if seen.swaps else -1
         elapsed_s = time.time() - started_wall_s
-        if args.duration_s is not None and elapsed_s >= args.duration_s:
+        if settings.duration_s is not None and elapsed_s >= settings.duration_s:
             return ""
-        if cycles >= args.cycles > 0:
+        if cycles >= settings.cycles > 0:
             cycles_done_at = n_decisions if cycles_done_at is None else cycles_done_at
             if n_decisions - cycles_done_at >= 3:       # a few decisions on the last version
                 return ""
-        if not args.no_progress:
+        if settings.live_line:
             line = (f"{elapsed_s:6.1f}s chunks {n_chunks:4d} decisions {n_decisions:4d} v{version}"
                     f" cycles {cycles} ttft "
                     f"{'-' if last is None else f'{last.ttft_s:.3f}s'}")
-            if tty:
-                print("\r" + line.ljust(100), end="", file=sys.stderr, flush=True)
-            elif time.monotonic() - last_print_s >= 10.0:
-                print(line, file=sys.stderr, flush=True)
-                last_print_s = time.monotonic()
+            live.show(line)
 
 
 def _int(text: str) -> int:
     return int(text) if str(text).isdigit() else 0
 
 
-def summarize(args, seen: Observed, started_wall_s: float, ended_wall_s: float) -> dict:
+def summarize(settings: EpisodeSettings, seen: Observed, started_wall_s: float,
+              ended_wall_s: float) -> RunSummary:
     """The `csr-ros demo` summary, from the observed topics only."""
 
     def rel(stamp) -> float:
         return time_ns(stamp) / 1e9 - started_wall_s
 
     decisions = [d for d in seen.decisions if rel(d.stamp) >= -1.0]
-    events = [s for s in seen.swaps]
+    events = list(seen.swaps)
     cycle_events = [s for s in events if s.reason in CYCLE_REASONS]
     windows = [(rel(s.stamp) - s.window_s, rel(s.stamp)) for s in cycle_events
                if s.window_s > 0]
@@ -269,7 +271,6 @@ def summarize(args, seen: Observed, started_wall_s: float, ended_wall_s: float) 
         return any(a <= t_s <= b for a, b in windows)
 
     seqs = [int(c.seq) for c in seen.chunks]
-    streams = {c.stream for c in seen.chunks}
     expected = set(range(min(seqs), max(seqs) + 1)) if seqs else set()
     missing = sorted(expected - set(seqs))
     twice = len(seqs) - len(set(seqs))
@@ -277,65 +278,32 @@ def summarize(args, seen: Observed, started_wall_s: float, ended_wall_s: float) 
     evicted = max((int(s.evicted_before_seq) for s in events), default=0)
     final_seq = max(seqs) if seqs else -1
     caught_up = bool(decisions) and max(int(d.last_seq) for d in decisions) == final_seq
-    ttfts = [float(d.ttft_s) for d in decisions]
-    ttft_in = [float(d.ttft_s) for d in decisions if inside(rel(d.stamp))]
-    ttft_out = [float(d.ttft_s) for d in decisions if not inside(rel(d.stamp))]
-    latencies = [float(d.decision_s) if d.decision_s > 0 else float(d.ttft_s + d.decode_s)
-                 for d in decisions]
     duration_s = ended_wall_s - started_wall_s
-
-    def stats(values, tag=""):
-        return {f"n{tag}": len(values),
-                f"mean{tag}_s": sum(values) / len(values) if values else None,
-                f"p50{tag}_s": percentile(values, 50), f"p99{tag}_s": percentile(values, 99),
-                f"max{tag}_s": max(values) if values else None}
-
-    chosen: dict[str, int] = {}
-    for d in decisions:
-        if d.valid:
-            chosen[d.action_name] = chosen.get(d.action_name, 0) + 1
-    invalid: dict[str, int] = {}
-    for d in decisions:
-        if not d.valid:
-            kind = "incomplete" if d.error.startswith("incomplete") else "unparsable"
-            invalid[kind] = invalid.get(kind, 0) + 1
-    return {
-        "mode": "asr, ROS 2 graph", "seed": args.seed, "model": args.model,
-        "resource": "local", "tau_mem_tokens": args.tau_mem,
-        "chunk_rate_hz": args.chunk_rate_hz, "rate_hz": args.rate_hz,
-        "max_context_tokens": args.max_context_tokens, "n_catchup_tokens": args.n_catchup,
-        "duration_s": round(duration_s, 3),
-        "cycles": len(cycle_events), "swaps": sum(s.reason == "swap" for s in events),
-        "sync_evictions": sum(s.reason == "sync" for s in events),
-        "fallbacks": sum(s.reason == "fallback" for s in events),
-        "retries": _int(seen.reconciler.get("retries", "0")),
-        "failovers": sum(s.reason == "failover" for s in events),
-        "chunks_in": len(seqs), "chunk_streams": len(streams),
-        "chunks_lost": len(missing) + twice + reconciler_lost,
-        "chunks_missing_on_topic": missing, "chunks_duplicated": twice,
-        "chunks_lost_by_reconciler": reconciler_lost,
-        "chunks_active": max(0, final_seq + 1 - evicted), "chunks_evicted": evicted,
-        "final_version": events[-1].version if events else None,
-        "state_consistent": caught_up and not missing and twice == 0,
-        "queries": len(decisions), "failed_queries": None, "skipped_ticks": None,
-        "decisions": len(decisions), "actions_mode": args.actions,
-        "valid_actions": sum(bool(d.valid) for d in decisions),
-        "invalid_actions": sum(not d.valid for d in decisions), "invalid_reasons": invalid,
-        "constrained_decisions": sum(bool(d.constrained) for d in decisions),
-        "decisions_per_s": len(decisions) / duration_s if duration_s > 0 else None,
-        "decision_latency": {"p50_s": percentile(latencies, 50),
-                             "p99_s": percentile(latencies, 99),
-                             "max_s": max(latencies) if latencies else None,
-                             "mean_s": sum(latencies) / len(latencies) if latencies else None},
-        "mask_s_per_token": None,
-        "actions_chosen": dict(sorted(chosen.items(), key=lambda kv: -kv[1])),
-        "ttft": {**stats(ttfts), **stats(ttft_in, "_inside"), **stats(ttft_out, "_outside")},
-        "samples": [{"t_s": round(rel(d.stamp), 4), "ttft_s": round(float(d.ttft_s), 5),
-                     "inside": inside(rel(d.stamp)), "version": int(d.version),
-                     "n_static": int(d.static_tokens), "resource": d.resource}
-                    for d in decisions],
-        "windows": [[round(a, 3), round(b, 3)] for a, b in windows],
-        "timeline": [{"t_s": round(rel(s.stamp), 3), "kind": s.reason, "version": int(s.version),
-                      "detail": f"chunks from seq {s.evicted_before_seq} on {s.primary}"}
-                     for s in events],
-    }
+    answered = [Answered(Sample(rel(d.stamp), float(d.ttft_s), inside(rel(d.stamp)),
+                                int(d.version), int(d.static_tokens), d.resource),
+                         latency_s=float(d.decision_s) if d.decision_s > 0
+                         else float(d.ttft_s + d.decode_s),
+                         valid=bool(d.valid), constrained=bool(d.constrained),
+                         action=d.action_name if d.valid else "", error=d.error)
+                for d in decisions]
+    return RunSummary(
+        settings=settings, mode="asr, ROS 2 graph", resource="local",
+        duration_s=round(duration_s, 3), cycles=len(cycle_events),
+        swaps=sum(s.reason == "swap" for s in events),
+        sync_evictions=sum(s.reason == "sync" for s in events),
+        fallbacks=sum(s.reason == "fallback" for s in events),
+        retries=_int(seen.reconciler.get("retries", "0")),
+        failovers=sum(s.reason == "failover" for s in events),
+        chunks_in=len(seqs), chunks_lost=len(missing) + twice + reconciler_lost,
+        chunks_duplicated=twice, chunks_active=max(0, final_seq + 1 - evicted),
+        chunks_evicted=evicted, final_version=events[-1].version if events else None,
+        state_consistent=caught_up and not missing and twice == 0,
+        queries=len(decisions), failed_queries=None, skipped_ticks=None,
+        mask_s_per_token=None, windows=[(round(a, 3), round(b, 3)) for a, b in windows],
+        timeline=[Event(round(rel(s.stamp), 3), s.reason, int(s.version),
+                        f"chunks from seq {s.evicted_before_seq} on {s.primary}")
+                  for s in events],
+        **decision_figures(answered, duration_s),
+        graph=GraphFigures(chunk_streams=len({c.stream for c in seen.chunks}),
+                           chunks_missing_on_topic=missing,
+                           chunks_lost_by_reconciler=reconciler_lost))

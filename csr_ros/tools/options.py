@@ -1,0 +1,32 @@
+"""Options that several `csr-ros` commands declare alike, declared once; and settings from them."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from csr_ros.stream_defaults import StreamDefaults
+
+
+def add_episode_options(run, stream, d: StreamDefaults, *, seed_help: str, paced_help: str,
+                        whose: str = "the", each: str = "") -> None:
+    """The synthetic episode's options of `demo` and `fleet` (`each`: ' per robot')."""
+    run.add_argument("--seed", type=int, default=0, help=seed_help)
+    run.add_argument("--paced", action="store_true", help=paced_help)
+    stream.add_argument("--tau-mem", dest="tau_mem_tokens", metavar="TAU_MEM", type=int,
+                        default=d.tau_mem_tokens,
+                        help=f"evict when {whose} static part reaches this many tokens "
+                             f"(default {d.tau_mem_tokens})")
+    stream.add_argument("--chunk-rate-hz", type=float, default=d.chunk_rate_hz,
+                        help=f"episode chunks per second{each} (default {d.chunk_rate_hz})")
+    stream.add_argument("--rate-hz", type=float, default=d.rate_hz,
+                        help=f"{'' if each else 'policy '}decisions per second{each} "
+                             f"(default {d.rate_hz})")
+    stream.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens)
+
+
+def from_args(cls, args: argparse.Namespace, **given):
+    """A settings dataclass from the parsed options named as its fields, and `given`."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in vars(args).items() if k in names} | given)
+
