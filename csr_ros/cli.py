@@ -38,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """What `csr-ros ARGV` runs with (its subcommand's module in `_module`)."""
     parser = build_parser()
     # Two passes: find the subcommand, then let its module add its own arguments.
     # (-h/--help waits for the second pass, so `csr-ros demo --help` lists demo's options.)
@@ -48,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         known, _ = parser.parse_known_args(first)
         module = importlib.import_module(f"csr_ros.tools.{known._module}")
         module.add_arguments(known._parser)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     module = importlib.import_module(f"csr_ros.tools.{args._module}")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

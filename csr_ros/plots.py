@@ -6,6 +6,7 @@
   resource and M (min-max as error bars), and capsule snapshot/restore times against N.
 - `plot_fleet`: `csr-ros fleet` runs: TTFT p99 and the prefix-cache hit ratio against the
   robot count, per routing policy and server count.
+- `plot_tokens`: `csr-ros replay --plot`: a bag's history tokens per source against robot time.
 """
 
 from __future__ import annotations
@@ -186,6 +187,37 @@ def plot_fleet(runs: list[dict], path: str | Path) -> Path:
     ax_hit.set_ylim(0, 1.05)
     ax_hit.set_title("prefix-cache hit ratio")
     return _save(fig, path)
+
+
+def plot_tokens(timeline: list[tuple[float, str, int]], report: dict, path: Path) -> Path:
+    """Cumulative history tokens per source (and in all) against robot time, with tau_mem."""
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    t0 = timeline[0][0] if timeline else 0.0
+    for name in report["sources"]:
+        points = [(t - t0, n) for t, s, n in timeline if s == name]
+        if points:
+            xs, ys = zip(*points)
+            ax.step([x / 60 for x in xs], np.cumsum(ys), where="post", label=name)
+    if timeline:
+        xs = [(t - t0) / 60 for t, _, _ in timeline]
+        ax.step(xs, np.cumsum([n for _, _, n in timeline]), where="post", color="black",
+                label=f"all ({report['totals']['tokens_per_s']:.1f} tokens/s)")
+    ax.axhline(report["tau_mem_tokens"], color="grey", linestyle="--",
+               label=f"tau_mem {report['tau_mem_tokens']} tokens")
+    ax.set_xlabel("robot time (min)")
+    ax.set_ylabel("history tokens (cumulative)")
+    ax.set_title(f"{Path(report['bag'][0]).name}: history tokens per source")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _save(fig, path: str | Path) -> Path:

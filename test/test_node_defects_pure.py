@@ -510,13 +510,9 @@ def test_the_csr_player_gets_the_options_rosbag2_gets():
     assert cmd == ["csr-ros", "replay", "/bags/patrol", "--play", "--rate", "2.0", "--clock",
                    "--topics", "/odom", "/speech/text", "--start-offset", "120", "--delay", "0",
                    "--loop"]
-    import argparse
+    from csr_ros.cli import parse_args
 
-    from csr_ros.tools.replay import add_arguments
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)                 # what `csr-ros replay` parses
-    args = parser.parse_args(cmd[2:])
+    args = parse_args(cmd[1:])            # what `csr-ros replay` parses
     assert (args.play, args.rate, args.clock, args.topics, args.start_offset, args.delay,
             args.loop) == (True, 2.0, True, ["/odom", "/speech/text"], 120.0, 0.0, True)
 

@@ -13,11 +13,12 @@ import pytest
 from rosbags.highlevel import AnyReader
 
 from csr_ros import patrol
+from csr_ros.bag_replay import replay_chunks
+from csr_ros.bag_sources import read_bag, sources_for
 from csr_ros.cli import main as cli_main
 from csr_ros.errors import ConfigError
 from csr_ros.render import EmissionConfig, Emitter, EmitterSource, RenderOptions, render, to_plain
 from csr_ros.ros_params import parse_params_yaml, validate
-from csr_ros.tools.replay import read_bag, replay_chunks, sources_for
 from rosmsg_shapes import message_class
 
 S = 1_000_000_000

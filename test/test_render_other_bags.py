@@ -12,13 +12,14 @@ import pytest
 from rosbags.typesys import Stores, get_typestore
 
 from csr_ros import patrol
+from csr_ros.bag_replay import replay_chunks
+from csr_ros.bag_sources import plan_sources, read_bag
 from csr_ros.cli import main as cli_main
 from csr_ros.render import (Bulk, Emitter, EmitterSource, RenderOptions, to_plain, topic_policy,
                             type_policy)
 from csr_ros.render.emission import EmissionConfig
 from csr_ros.render.summaries import (summarize_diagnostic_array, summarize_log,
                                       summarize_nav_sat_fix, summarize_tf_message)
-from csr_ros.tools.replay import plan_sources, read_bag, replay_chunks
 
 CONFIG = "config/csr_ros.yaml"
 S = 1_000_000_000
@@ -126,7 +127,7 @@ def test_a_configured_topic_missing_from_the_bag_is_matched_only_when_that_is_un
 
 def test_two_absent_sources_of_one_type_do_not_both_claim_the_only_topic_of_that_type():
     from csr_ros.ros_params import SourceConfig
-    from csr_ros.tools.replay import match_by_type
+    from csr_ros.bag_sources import match_by_type
 
     def src(name, topic, instant=False):
         return SourceConfig(name=name, topic=topic, type_name="std_msgs/msg/String", label=name,

@@ -10,9 +10,10 @@ import pytest
 from rosbags.rosbag2 import Writer
 from rosbags.typesys import Stores, get_typestore
 
+from csr_ros.bag_replay import make_emitter, replay_chunks
+from csr_ros.bag_sources import read_bag, sources_for
 from csr_ros.chunklog import ChunkRecord, read_log
 from csr_ros.cli import main
-from csr_ros.tools.replay import make_emitter, read_bag, replay_chunks, sources_for
 
 S = 1_000_000_000
 PARAMS = """

@@ -4,7 +4,7 @@
 
 Sources:
 - `bag_episode`: a rosbag2 (mcap, sqlite3) or ROS 1 bag rendered by the aggregator's own code
-  (`csr_ros.tools.replay`), with a questions file (`load_questions`).
+  (`csr_ros.bag_sources`, `csr_ros.bag_replay`), with a questions file (`load_questions`).
 - `ama_episodes`: AMA-Bench episodes: its JSONL (one episode per line, as its published
   `open_end_qa_set.jsonl`), or a single episode as one JSON object in a `.json` file (as
   AMA-Bench publishes example episodes); questions after the whole trajectory.
@@ -160,7 +160,8 @@ def bag_episode(paths: list[Path], questions: list[Question], *, params: Path | 
     `t_s` = 0 is the bag time of the first message of a rendered source (the renderer's
     clock starts there too); an observation's `t_s` is the bag time it was emitted at.
     """
-    from csr_ros.tools.replay import read_bag, replay_chunks, sources_for
+    from csr_ros.bag_replay import replay_chunks
+    from csr_ros.bag_sources import read_bag, sources_for
 
     for path in paths:
         if not Path(path).exists():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from csr_ros.bag_sources import known_type_checker
 from csr_ros.ros_params import validate_file
 
 
@@ -18,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    nodes = validate_file(args.file, resolve_type=_known_type_checker())
+    nodes = validate_file(args.file, resolve_type=known_type_checker())
     for name, params in nodes.items():
         extra = ""
         if name == "aggregator":
@@ -26,19 +27,3 @@ def run(args: argparse.Namespace) -> int:
                                      for s in params["sources"])
         print(f"{name}: ok{extra}")
     return 0
-
-
-def _known_type_checker():
-    try:
-        from rosbags.typesys import Stores, get_typestore
-    except ImportError:
-        return None
-    types = get_typestore(Stores.ROS2_JAZZY).types
-    packages = {name.split("/")[0] for name in types}
-
-    def check(type_name: str):
-        if type_name.split("/")[0] in packages and type_name not in types:
-            raise LookupError(f"package {type_name.split('/')[0]} has no message "
-                              f"{type_name.split('/')[-1]}")
-        return types.get(type_name)
-    return check
