@@ -121,11 +121,11 @@ def test_two_resources_take_each_timed_repeat_in_turn(monkeypatch):
     """Side by side, decode and CSR repeats alternate between the resources one by one, so each
     pair of samples is taken seconds apart under the same load."""
     pytest.importorskip("torch")
+    from csr_ros.harness.ttft_bench import WARMUP_QUERIES, bench_phases, interleaved
     from csr_ros.layout import Layout
     from csr_ros.model_store import resolve_model_dir
     from csr_ros.resources.local import LocalResource
     from csr_ros.tokenizer import HFTokenizer
-    from csr_ros.tools.bench import WARMUP_QUERIES, bench_phases, interleaved
 
     tokenizer = HFTokenizer(resolve_model_dir(weights=False))
     layout = Layout.from_tokenizer(tokenizer)

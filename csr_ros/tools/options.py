@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
+from csr_ros.errors import ConfigError
 from csr_ros.stream_defaults import StreamDefaults
 
 
@@ -30,3 +31,21 @@ def from_args(cls, args: argparse.Namespace, **given):
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in vars(args).items() if k in names} | given)
 
+
+def words(text: str) -> tuple[str, ...]:
+    """`a, b,c` → ('a', 'b', 'c')."""
+    return tuple(w.strip() for w in text.split(",") if w.strip())
+
+
+def ints(text: str | None, flag: str, *, minimum: int = 0) -> tuple[int, ...] | None:
+    """`512,1024` → (512, 1024) (None stays None), with a clear error naming `flag` for anything
+    else."""
+    if text is None:
+        return None
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < minimum:
+        raise ConfigError(f"{flag} takes integers >= {minimum}, got {text!r}")
+    return values
