@@ -5,6 +5,7 @@
     ros_demo       the same episode through the ROS 2 nodes, each in its own process
     fleet_runs     K robots' episodes on P servers behind a router (`csr-ros fleet`)
     ttft_bench     TTFT of CSR queries against the unordered baseline, capsules (`csr-ros bench`)
+    actions_latency  decision latency of typed actions, mode by mode (`csr-ros actions`)
     replay_graph   a recorded bag through the aggregator and all_in_one, measured
 
 ros_demo and replay_graph run node processes and observe their topics: they import rclpy, the
