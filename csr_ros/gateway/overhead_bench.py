@@ -28,8 +28,9 @@ import time
 
 import httpx
 
+from csr_ros.errors import ConfigError
 from csr_ros.gateway.app import ServerThread, build_app
-from csr_ros.gateway.service import Backend, Gateway, GatewayConfig
+from csr_ros.gateway.service import BackendFactory, Gateway, GatewayConfig
 from csr_ros.layout import Layout
 from csr_ros.servers import free_port
 from csr_ros.state import CsrState
@@ -81,9 +82,19 @@ def _dynamic_tokens(tokenizer, layout: Layout, text: str) -> int:
     return len(tokenizer.encode_data(f"user: {text}")) + len(layout.tail_ids)
 
 
-def run_bench(backend: Backend, config: GatewayConfig, *, n_tokens: int = 4096,
+def run_bench(factory: BackendFactory, config: GatewayConfig, *, n_tokens: int = 4096,
               m_tokens: int = 32, repeats: int = 10, max_tokens: int = 1,
               progress=lambda message: None) -> dict:
+    """The figures of `repeats` queries per side, and each pair (`rows`), on the backend
+    `factory` makes for the session SESSION."""
+    c = config.reconcile
+    if n_tokens + m_tokens + c.reserve_tokens > c.max_context_tokens:
+        raise ConfigError(f"--n {n_tokens} + --m {m_tokens} + --reserve-tokens do not fit in "
+                          f"--max-context-tokens {c.max_context_tokens}")
+    if n_tokens >= c.tau_mem_tokens:
+        raise ConfigError(f"--n {n_tokens} must stay below --tau-mem {c.tau_mem_tokens}: the "
+                          "bench measures queries, not evictions")
+    backend = factory(SESSION)
     tokenizer = backend.tokenizer
     layout = Layout.from_tokenizer(tokenizer)
     history = history_messages(tokenizer, layout, n_tokens)

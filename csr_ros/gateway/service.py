@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -59,6 +60,42 @@ class Backend:
 
 #: session key -> its backend (called once per session, outside any gateway lock)
 BackendFactory = Callable[[str], Backend]
+
+
+def backend_factory(resource: str, *, model: str, max_context_tokens: int, tau_mem_tokens: int,
+                    r1: str | None = None, r2: str | None = None, threads: int | None = None,
+                    background_threads: int = 1, dtype: str = "auto") -> BackendFactory:
+    """Two fresh resources named r1 and r2 per session, and their tokenizer: `local` engines
+    in worker processes, or the `openai` servers at r1 and r2."""
+    from csr_ros.model_store import resolve_model_dir
+
+    model_dir = resolve_model_dir(model, weights=False)
+    if resource == "openai":
+        if not r1 or not r2:
+            raise ConfigError("--resource openai needs --r1 URL and --r2 URL")
+        from csr_ros.resources.factory import make_resource
+
+        def openai_backend(key: str) -> Backend:
+            resources = [make_resource("openai", url=url, name=name, model_dir=model_dir,
+                                       max_context_tokens=max_context_tokens,
+                                       tau_mem_tokens=tau_mem_tokens)
+                         for url, name in ((r1, "r1"), (r2, "r2"))]
+            return Backend(resources, resources[0].tokenizer, resources[0].state_mode)
+
+        return openai_backend
+    from csr_ros.resources.process import start_side_by_side
+    from csr_ros.tokenizer import HFTokenizer
+
+    tokenizer = HFTokenizer(model_dir)
+    threads = threads or min(2, os.cpu_count() or 1)
+
+    def local_backend(key: str) -> Backend:
+        resources = start_side_by_side(("r1", "r2"), "local", model=model, threads=threads,
+                                       dtype=dtype, background_threads=background_threads,
+                                       max_context_tokens=max_context_tokens)
+        return Backend(resources, tokenizer, "token")
+
+    return local_backend
 
 
 @dataclass(frozen=True)

@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import sys
 from pathlib import Path
 
-from csr_ros.errors import ConfigError
-from csr_ros.gateway.service import Backend, GatewayConfig
+from csr_ros.gateway.service import GatewayConfig
 from csr_ros.reconcile.machine import ReconcileConfig
 from csr_ros.stream_defaults import GATEWAY
-
-log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from csr_ros.gateway.service import backend_factory
+
     config = GatewayConfig(
         reconcile=ReconcileConfig(tau_mem_tokens=args.tau_mem,
                                   max_context_tokens=args.max_context_tokens,
@@ -65,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
                                   n_catchup_tokens=args.n_catchup),
         default_profile=args.profile, max_sessions=args.max_sessions,
         default_max_tokens=args.default_max_tokens, model_name=args.model_name)
-    factory = backend_factory(args)
+    factory = backend_factory(args.resource, model=args.model, r1=args.r1, r2=args.r2,
+                              threads=args.threads, background_threads=args.background_threads,
+                              dtype=args.dtype, max_context_tokens=args.max_context_tokens,
+                              tau_mem_tokens=args.tau_mem)
     if args.bench:
         return _bench(args, config, factory)
     import uvicorn
@@ -83,50 +83,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def backend_factory(args: argparse.Namespace):
-    """session key -> Backend: two fresh resources named r1 and r2, and their tokenizer."""
-    from csr_ros.model_store import resolve_model_dir
-
-    model_dir = resolve_model_dir(args.model, weights=False)
-    if args.resource == "openai":
-        if not args.r1 or not args.r2:
-            raise ConfigError("--resource openai needs --r1 URL and --r2 URL")
-        from csr_ros.resources.factory import make_resource
-
-        def openai_backend(key: str) -> Backend:
-            resources = [make_resource("openai", url=url, name=name, model_dir=model_dir,
-                                       max_context_tokens=args.max_context_tokens,
-                                       tau_mem_tokens=args.tau_mem)
-                         for url, name in ((args.r1, "r1"), (args.r2, "r2"))]
-            return Backend(resources, resources[0].tokenizer, resources[0].state_mode)
-
-        return openai_backend
-    from csr_ros.resources.process import start_side_by_side
-    from csr_ros.tokenizer import HFTokenizer
-
-    tokenizer = HFTokenizer(model_dir)
-    threads = args.threads or min(2, os.cpu_count() or 1)
-
-    def local_backend(key: str) -> Backend:
-        resources = start_side_by_side(("r1", "r2"), "local", model=args.model,
-                                       threads=threads, dtype=args.dtype,
-                                       background_threads=args.background_threads,
-                                       max_context_tokens=args.max_context_tokens)
-        return Backend(resources, tokenizer, "token")
-
-    return local_backend
-
-
 def _bench(args: argparse.Namespace, config: GatewayConfig, factory) -> int:
-    from csr_ros.gateway.overhead_bench import SESSION, format_summary, run_bench
+    from csr_ros.gateway.overhead_bench import format_summary, run_bench
 
-    if args.n + args.m + config.reconcile.reserve_tokens > args.max_context_tokens:
-        raise ConfigError(f"--n {args.n} + --m {args.m} + --reserve-tokens do not fit in "
-                          f"--max-context-tokens {args.max_context_tokens}")
-    if args.n >= args.tau_mem:
-        raise ConfigError(f"--n {args.n} must stay below --tau-mem {args.tau_mem}: the bench "
-                          "measures queries, not evictions")
-    summary = run_bench(factory(SESSION), config, n_tokens=args.n, m_tokens=args.m,
+    summary = run_bench(factory, config, n_tokens=args.n, m_tokens=args.m,
                         repeats=args.repeats, max_tokens=args.bench_max_tokens,
                         progress=lambda message: print(message, file=sys.stderr, flush=True))
     summary.update(resource=args.resource, model=args.model, dtype=args.dtype,
