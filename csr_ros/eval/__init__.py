@@ -9,6 +9,8 @@
     patrol_questions.py  the synthetic patrol as an episode, questions from its ground truth
     run.py       replaying episodes into each method, one method after another
     report.py    rows per method and budget, the markdown table, the plot
+    study.py     an evaluation as `csr-ros eval` runs it: inputs, budgets matched to CSR's,
+                 the methods, the judge
 
 Nothing here imports torch or rclpy; the local engine is reached through its resource.
 """
