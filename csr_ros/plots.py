@@ -84,7 +84,7 @@ def plot_run(summary: RunSummary, path: str | Path) -> Path:
     ax_hist.set_ylabel("queries")
     ax_hist.set_title("TTFT distribution")
     ax_hist.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _log_ticks(axis, values_ms: list[float], scalar_formatter, null_formatter) -> None:
@@ -150,7 +150,7 @@ def plot_bench(rows: list[dict], path: str | Path) -> Path:
     else:
         ax_capsule.text(0.5, 0.5, "no capsule rows\n(HTTP resources have none)",
                         ha="center", va="center", transform=ax_capsule.transAxes)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_fleet(runs: list[dict], path: str | Path) -> Path:
@@ -186,7 +186,7 @@ def plot_fleet(runs: list[dict], path: str | Path) -> Path:
     ax_hit.set_ylabel("cached / prompt tokens of the queries")
     ax_hit.set_ylim(0, 1.05)
     ax_hit.set_title("prefix-cache hit ratio")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_tokens(timeline: list[tuple[float, str, int]], report: dict, path: Path) -> Path:
@@ -214,19 +214,16 @@ def plot_tokens(timeline: list[tuple[float, str, int]], report: dict, path: Path
     ax.set_ylabel("history tokens (cumulative)")
     ax.set_title(f"{Path(report['bag'][0]).name}: history tokens per source")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path, *, dpi: int = 110) -> Path:
     """Lay out, write as PNG (creating the folder) and close a figure."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path

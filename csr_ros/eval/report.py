@@ -139,6 +139,8 @@ def plot_accuracy_vs_ttft(rows: Sequence[dict], path: str | Path, *, title: str 
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+    from csr_ros.plots import save_figure
+
     fig, ax = plt.subplots(figsize=(8.5, 5.5))
     labelled: set[str] = set()
     labelled_points: list[float] = []
@@ -172,9 +174,4 @@ def plot_accuracy_vs_ttft(rows: Sequence[dict], path: str | Path, *, title: str 
     n = max((r["n_questions"] for r in rows), default=0)
     ax.set_title(title or f"Memory recall against decision latency ({n} questions per point)")
     ax.legend(loc="best")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
