@@ -2,7 +2,8 @@
 capsules for LLM policies on ROS 2 robots.
 
 The pure parts (state, layout, chunks, eviction, reconcile, render) import neither torch nor
-rclpy; the local engine imports torch; the node modules import rclpy.
+rclpy; the local engine imports torch; the node modules and the ROS run harnesses
+(csr_ros.harness) import rclpy.
 
 Where the generated interfaces come from (`csr_ros.msg`, `csr_ros.srv`, `csr_ros.action`)
 ---------------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ from csr_ros.episode_run import EpisodeSettings
 from csr_ros.errors import ResourceError, ResourceTimeoutError
 from csr_ros.fleet_plan import (RunSpec, cache_counters, markdown_table, merge_usage, robot_id,
                                 robot_seed, robot_summary, run_summary, server_cache_delta)
+from csr_ros.harness.episode_loop import run_episode
+from csr_ros.resources.openai import OpenAIResource
 from csr_ros.router import ServerPool
 
 log = logging.getLogger(__name__)
@@ -93,9 +95,6 @@ def run_once(pool: ServerPool, spec: RunSpec, settings: EpisodeSettings) -> dict
 def _robot(k: int, spec: RunSpec, settings: EpisodeSettings, url: str, engine: str,
            results: list, errors: list) -> None:
     """One robot: the demo's episode loop over its own pair of roles at the router."""
-    from csr_ros.harness.episode_loop import run_episode
-    from csr_ros.resources.openai import OpenAIResource
-
     rid, seed = robot_id(k), robot_seed(settings.seed, spec.index, k)
     mine = replace(settings, seed=seed, resource="openai", live_line=False)
     resources = []
