@@ -4,17 +4,10 @@
         --duration-s 45 --json fleet.json --plot fleet.png
     csr-ros fleet --robots 2 --servers 2 --engine llamacpp --routing round_robin --duration-s 30
 
-The command starts P servers on this machine (vLLM's CPU backend by default, each on its own
-cores; or llama.cpp's server), then for every routing policy and every K a fresh `vllm-router`
-in front of them, and K robots at once (csr_ros.harness.fleet_runs). For each run it reports
-the hit ratio (the servers' cached_tokens over the prompt tokens of the robots' queries), TTFT
-p50/p99, the slowest robot's decisions per second, swaps, fallbacks, chunks lost, the router's
-requests per server, and each server's memory; JSON, a markdown table and a plot of TTFT p99
-and hit ratio against K (csr_ros.fleet_plan).
-
-Policies are the router's own (`--policy` of vllm-router 0.1.17): consistent_hash routes on
-the key; cache_aware matches the request's prompt against a tree per server; round_robin
-ignores both.
+The command starts P servers on this machine (vLLM's CPU backend by default, or llama.cpp's
+server), then for every routing policy and every K a fresh `vllm-router` in front of them and K
+robots at once (csr_ros.harness.fleet_runs); what each run measured, the table and the JSON:
+csr_ros.fleet_plan. Policies are the router's own (`--policy` of vllm-router 0.1.17).
 """
 
 from __future__ import annotations
