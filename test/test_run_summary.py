@@ -46,3 +46,35 @@ def test_an_episode_that_would_never_stop_is_refused():
     with pytest.raises(ConfigError, match="--cycles >= 1 or --duration-s"):
         EpisodeSettings(cycles=0)
     assert EpisodeSettings(cycles=0, duration_s=30.0).reconcile_config().tau_mem_tokens == 1536
+
+
+@pytest.mark.slow
+def test_run_episode_on_two_engines_returns_a_summary_that_loses_no_chunk(tmp_path):
+    pytest.importorskip("torch")
+    import json
+
+    from csr_ros.episode_run import format_report
+    from csr_ros.harness.episode_loop import run_episode
+    from csr_ros.resources.local import LocalResource
+
+    settings = EpisodeSettings(cycles=1, paced=True, tau_mem_tokens=600, chunk_rate_hz=2.0,
+                               max_context_tokens=2048, reserve_tokens=96, live_line=False,
+                               chunk_log=tmp_path / "chunks.log")
+    resources = [LocalResource(name=name, threads=1, max_context_tokens=2048)
+                 for name in ("r1", "r2")]
+    try:
+        summary = run_episode(settings, resources)
+    finally:
+        for resource in resources:
+            resource.close()
+    assert summary.settings is settings and summary.mode == "asr"
+    assert summary.cycles >= 1 and summary.swaps >= 1 and summary.fallbacks == 0
+    assert summary.ok and summary.chunk_log_rebuilds_state
+    assert summary.local.chunks_in_order and summary.local.precision
+    assert summary.chunks_active + summary.chunks_evicted == summary.chunks_in
+    assert summary.decisions == len(summary.samples) == summary.ttft.n > 0
+    assert summary.ttft_inside.n + summary.ttft_outside.n == summary.ttft.n
+    assert any(e.kind == "swap" for e in summary.timeline)
+    written = json.loads(json.dumps(summary.as_json()))
+    assert written["ttft"]["p99_s"] == summary.ttft.p99_s and written["paced"] is True
+    assert f"tau_mem {settings.tau_mem_tokens} tokens" in format_report(summary)
