@@ -73,9 +73,9 @@ def smollm2_engine():
     function-scoped `smollm2` fixture does that for them.
     """
     pytest.importorskip("torch")
-    from csr_ros.engine import LocalEngine
+    from csr_ros.engine import TorchEngine
 
-    engine = LocalEngine("smollm2", max_context_tokens=1024)
+    engine = TorchEngine("smollm2", max_context_tokens=1024)
     yield engine
     engine.close()
 
@@ -114,9 +114,9 @@ def tiny_hybrid_model():
 @pytest.fixture
 def tiny_hybrid(tiny_hybrid_model):
     """A fresh engine over the shared tiny hybrid weights (cheap: 512-token buffers)."""
-    from csr_ros.engine import LocalEngine
+    from csr_ros.engine import TorchEngine
 
-    return LocalEngine(tiny_hybrid_model, max_context_tokens=512)
+    return TorchEngine(tiny_hybrid_model, max_context_tokens=512)
 
 
 @pytest.fixture(scope="session")

@@ -11,13 +11,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from csr_ros.engine import Capsule, LocalEngine  # noqa: E402
+from csr_ros.engine import TorchCapsule, TorchEngine  # noqa: E402
 from csr_ros.errors import CapsuleError, CapsuleMismatchError, StaleCapsuleError  # noqa: E402
 
 HYBRID_PROMPT = [(i * 37 + 11) % 256 for i in range(260)]
 
 
-def assert_same_state(a: Capsule, b: Capsule) -> None:
+def assert_same_state(a: TorchCapsule, b: TorchCapsule) -> None:
     """Every tensor of two materialized capsules is equal, bit for bit."""
     assert (a.n_tokens, a.token_ids, a.layer_types) == (b.n_tokens, b.token_ids, b.layer_types)
     assert torch.equal(a.last_logits, b.last_logits)
@@ -75,7 +75,7 @@ def test_a_saved_capsule_restores_byte_exact_into_a_fresh_engine(tiny_hybrid, ti
     capsule = tiny_hybrid.snapshot()
     live = tiny_hybrid.query(HYBRID_PROMPT[180:200], max_new_tokens=10)
     path = tiny_hybrid.save_capsule(capsule, tmp_path / "state.capsule")
-    fresh = LocalEngine(tiny_hybrid_model, max_context_tokens=512)
+    fresh = TorchEngine(tiny_hybrid_model, max_context_tokens=512)
     loaded = fresh.load_capsule(path)
     assert loaded.is_materialized and loaded.fingerprint == tiny_hybrid.fingerprint
     assert_same_state(capsule.materialize(), loaded)
@@ -87,8 +87,8 @@ def test_a_saved_capsule_restores_byte_exact_into_a_fresh_engine(tiny_hybrid, ti
 
 _RESUME = """
 import json, sys
-from csr_ros.engine import LocalEngine
-engine = LocalEngine("smollm2", max_context_tokens=1024)
+from csr_ros.engine import TorchEngine
+engine = TorchEngine("smollm2", max_context_tokens=1024)
 engine.restore(engine.load_capsule(sys.argv[1]))
 out = engine.query(json.loads(sys.argv[2]), max_new_tokens=4)
 print(json.dumps({"n": engine.n_committed, "tokens": list(out.token_ids)}))
@@ -210,6 +210,6 @@ def test_a_pickled_capsule_carries_its_kv_and_restores_elsewhere(tiny_hybrid, ti
     copy = pickle.loads(pickle.dumps(capsule))
     assert copy.is_materialized and not capsule.is_materialized
     assert_same_state(capsule.materialize(), copy)
-    other = LocalEngine(tiny_hybrid_model, max_context_tokens=512)
+    other = TorchEngine(tiny_hybrid_model, max_context_tokens=512)
     other.restore(copy)
     assert other.committed_ids == tuple(HYBRID_PROMPT[:90])

@@ -9,7 +9,10 @@ import itertools
 import json
 import pickle
 import shutil
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -79,6 +82,49 @@ def test_greedy_decoding_equals_llama_cpp_own_greedy_on_the_same_prompt(engine, 
     assert ours.finish_reason == "length" and ours.ttft_s > 0 and ours.decode_s > 0
 
 
+_WITHOUT_TORCH = """
+import json, sys
+sys.modules["torch"] = None               # any import of torch now fails
+from csr_ros.actions import Vocabulary
+from csr_ros.resources.local import LocalResource
+from csr_ros.state import QueryId, Request, Version
+static, dynamic = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+resource = LocalResource("smollm2", threads=1, max_context_tokens=2048, dtype="auto")
+engine = resource.engine
+engine.load(static)
+out = engine.query(dynamic, 12, eos_ids=())
+request = Request(query_id=QueryId(1), version=Version(0), static_ids=tuple(static),
+                  dynamic_ids=tuple(dynamic), i_star=0, last_seq=None)
+vocab = Vocabulary.parse(json.loads(sys.argv[3]))
+answer = resource.query(request, max_new_tokens=24, constraint=vocab.constraint("grammar"))
+capsule = engine.load_capsule(engine.save_capsule(engine.snapshot(), sys.argv[4]))
+engine.reset()
+engine.restore(capsule)
+again = engine.query(dynamic, 12, eos_ids=())
+print(json.dumps({"backend": resource.backend, "tokens": list(out.token_ids),
+                  "answer": answer.text, "again": list(again.token_ids),
+                  "torch": sys.modules["torch"]}))
+"""
+
+
+def test_the_llamacpp_backend_runs_a_real_query_where_torch_cannot_be_imported(engine, prompt,
+                                                                               tmp_path):
+    static, dynamic = prompt
+    actions = ["wait()", "look_around()", "go_to(room: kitchen|hallway)"]
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, json.dumps(static),
+                           json.dumps(dynamic), json.dumps(actions),
+                           str(tmp_path / "state.capsule")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    engine.load(static)
+    assert seen["backend"] == "llamacpp"          # dtype="auto" without torch
+    assert seen["tokens"] == list(engine.query(dynamic, 12, eos_ids=()).token_ids)
+    assert seen["again"] == seen["tokens"] and seen["torch"] is None
+    assert Vocabulary.parse(actions).decide(seen["answer"], constrained=True,
+                                            finish_reason="stop").valid, seen["answer"]
+
+
 def test_a_query_rolls_back_to_exactly_the_committed_state(engine, resource, prompt):
     from csr_ros.engine.llamacpp import LlamaCppEngine
 
@@ -133,7 +179,7 @@ def test_load_extend_and_commit_inside_a_query_match_one_cold_prefill(engine, pr
     assert stepwise.n_committed == len(static) - 2 * third
     assert engine.committed_ids == tuple(static)
     assert stepwise.token_ids == cold.token_ids
-    assert float((engine.last_logits - cold_logits).abs().max()) < 1e-3
+    assert float(np.abs(engine.last_logits - cold_logits).max()) < 1e-3
 
 
 def test_grammar_constrained_typed_actions_parse(resource):
@@ -158,7 +204,7 @@ def _one_by_one(engine, dynamic: list[int], option: list[int], end_id: int) -> f
         engine.extend(dynamic)
         total = 0.0
         for token in option + [end_id]:
-            total += float(engine.last_logits.double().log_softmax(-1)[token])
+            total += float(engine.last_logprobs()[token])
             engine.extend([token])
     return total
 
@@ -258,8 +304,8 @@ def test_an_attached_capsule_whose_slot_was_reused_is_refused_as_stale(engine, p
 
 def test_a_saved_capsule_loads_into_a_fresh_engine_and_decodes_the_same(engine, prompt,
                                                                          tmp_path):
-    from csr_ros.engine.capsule import Capsule
     from csr_ros.engine.llamacpp import LlamaCppEngine
+    from csr_ros.engine.torch_engine import TorchCapsule
 
     static, dynamic = prompt
     engine.load(static)
@@ -275,9 +321,9 @@ def test_a_saved_capsule_loads_into_a_fresh_engine_and_decodes_the_same(engine, 
     (tmp_path / "junk.capsule").write_bytes(b"not a capsule")
     with pytest.raises(CapsuleError, match="not a readable capsule"):
         engine.load_capsule(tmp_path / "junk.capsule")
-    torch_capsule = Capsule(fingerprint=engine.fingerprint, n_tokens=0, token_ids=(),
-                            layer_types=(), dtype="torch.float32", linear_state={},
-                            last_logits=None, kv=())
+    torch_capsule = TorchCapsule(fingerprint=engine.fingerprint, n_tokens=0, token_ids=(),
+                                 layer_types=(), dtype="torch.float32", linear_state={},
+                                 last_logits=None, kv=())
     with pytest.raises(CapsuleMismatchError, match="backend='torch'"):
         engine.restore(torch_capsule)
     torch_capsule.save(tmp_path / "torch.capsule")

@@ -63,12 +63,12 @@ def test_a_csr_query_with_extension_decodes_like_a_cold_prefill_of_the_same_prom
 
 
 def test_csr_and_cold_prefill_agree_on_the_hybrid_model(tiny_hybrid, tiny_hybrid_model):
-    from csr_ros.engine import LocalEngine
+    from csr_ros.engine import TorchEngine
 
     prompt = [(i * 37) % 256 for i in range(300)]
     tiny_hybrid.extend(prompt[:250])
     csr = tiny_hybrid.query(prompt[250:], max_new_tokens=8)
-    cold = LocalEngine(tiny_hybrid_model, max_context_tokens=512).query(prompt, max_new_tokens=8)
+    cold = TorchEngine(tiny_hybrid_model, max_context_tokens=512).query(prompt, max_new_tokens=8)
     assert csr.token_ids == cold.token_ids
 
 
@@ -201,10 +201,10 @@ def test_the_engine_restores_byte_exact_on_cuda(tiny_hybrid_model):
         pytest.skip("no CUDA device")
     import copy
 
-    from csr_ros.engine import LocalEngine
+    from csr_ros.engine import TorchEngine
 
     # The engine moves a passed model to its device in place: give it its own copy.
-    engine = LocalEngine(copy.deepcopy(tiny_hybrid_model), device="cuda", dtype="float32",
+    engine = TorchEngine(copy.deepcopy(tiny_hybrid_model), device="cuda", dtype="float32",
                          max_context_tokens=512)
     engine.extend(list(range(1, 150)))
     capsule = engine.snapshot()

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from csr_ros.engine import LocalEngine, lean, precision  # noqa: E402
+from csr_ros.engine import TorchEngine, lean, precision  # noqa: E402
 from csr_ros.errors import CapsuleMismatchError, ConfigError  # noqa: E402
 
 # Every precision the engine offers on a CPU: (dtype, decode weights).
@@ -34,9 +34,9 @@ def tiny_llama_model():
     return LlamaForCausalLM(config).eval()
 
 
-def _tiny(model, **kwargs) -> LocalEngine:
+def _tiny(model, **kwargs) -> TorchEngine:
     # The engine moves and casts a passed model in place: each engine gets its own copy.
-    return LocalEngine(copy.deepcopy(model), max_context_tokens=512, prefill_chunk_tokens=64,
+    return TorchEngine(copy.deepcopy(model), max_context_tokens=512, prefill_chunk_tokens=64,
                        **kwargs)
 
 
@@ -104,13 +104,13 @@ def test_a_saved_capsule_of_quantized_decode_weights_restores_only_into_the_same
 
 def test_the_hybrid_model_runs_transformers_forward_and_refuses_quantized_decode_weights(
         tiny_hybrid_model):
-    engine = LocalEngine(copy.deepcopy(tiny_hybrid_model), max_context_tokens=512, dtype="auto")
+    engine = TorchEngine(copy.deepcopy(tiny_hybrid_model), max_context_tokens=512, dtype="auto")
     assert engine.forward_kind == "transformers" and engine.decode_weights == "float"
     with pytest.raises(ConfigError, match="needs the lean forward"):
-        LocalEngine(copy.deepcopy(tiny_hybrid_model), max_context_tokens=512, dtype="bfloat16",
+        TorchEngine(copy.deepcopy(tiny_hybrid_model), max_context_tokens=512, dtype="bfloat16",
                     decode_weights="int4")
     with pytest.raises(ConfigError, match="forward='lean' does not run this model"):
-        LocalEngine(copy.deepcopy(tiny_hybrid_model), max_context_tokens=512, forward="lean")
+        TorchEngine(copy.deepcopy(tiny_hybrid_model), max_context_tokens=512, forward="lean")
 
 
 def test_quantized_decode_weights_need_bfloat16_activations(tiny_llama_model):
@@ -186,7 +186,7 @@ def _teacher_forced_top1(engine, ids, start=60):
 @pytest.mark.parametrize(("dtype", "weights"), sorted(AGREEMENT_FLOOR))
 def test_fast_precisions_follow_the_fp32_reference_top1_on_real_text(
         reference_steps, text_ids, dtype, weights):
-    engine = LocalEngine("smollm2", max_context_tokens=1024, dtype=dtype, decode_weights=weights)
+    engine = TorchEngine("smollm2", max_context_tokens=1024, dtype=dtype, decode_weights=weights)
     try:
         ours = _teacher_forced_top1(engine, text_ids)
     finally:

@@ -30,9 +30,9 @@ except ModelNotFoundError as error:
 
 @pytest.fixture(scope="module")
 def qwen_engine():
-    from csr_ros.engine import LocalEngine
+    from csr_ros.engine import TorchEngine
 
-    engine = LocalEngine(MODEL, max_context_tokens=1024)
+    engine = TorchEngine(MODEL, max_context_tokens=1024)
     yield engine
     engine.close()
 

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from csr_ros.engine import LocalEngine  # noqa: E402
+from csr_ros.engine import TorchEngine  # noqa: E402
 from csr_ros.engine import lean  # noqa: E402
 
 PROMPT = [(i * 53 + 7) % 256 for i in range(90)]
@@ -43,7 +43,7 @@ def test_the_lean_forward_of_a_biased_qwen2_decodes_as_transformers_generate(tie
         reference_logits = model(torch.tensor([PROMPT])).logits[0, -1]
         reference = model.generate(torch.tensor([PROMPT]), max_new_tokens=10, min_new_tokens=10,
                                    do_sample=False)[0, len(PROMPT):].tolist()
-    engine = LocalEngine(model, max_context_tokens=256)
+    engine = TorchEngine(model, max_context_tokens=256)
     assert engine.forward_kind == "lean"
     engine.extend(PROMPT[:60])
     assert list(engine.query(PROMPT[60:], max_new_tokens=10, eos_ids=()).token_ids) == reference
@@ -52,13 +52,13 @@ def test_the_lean_forward_of_a_biased_qwen2_decodes_as_transformers_generate(tie
 
 
 def test_the_q_k_v_biases_change_what_the_lean_forward_computes():
-    biased = LocalEngine(_tiny_qwen2(tied=True), max_context_tokens=256)
+    biased = TorchEngine(_tiny_qwen2(tied=True), max_context_tokens=256)
     model = _tiny_qwen2(tied=True)
     with torch.no_grad():
         for layer in model.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 proj.bias.zero_()
-    unbiased = LocalEngine(model, max_context_tokens=256)
+    unbiased = TorchEngine(model, max_context_tokens=256)
     biased.extend(PROMPT)
     unbiased.extend(PROMPT)
     assert (biased.last_logits - unbiased.last_logits).abs().max() > 0.01
@@ -68,8 +68,8 @@ def test_a_model_the_lean_forward_cannot_run_falls_back_with_its_reason_logged(t
                                                                               caplog):
     reason = lean.unsupported_reason(tiny_hybrid_model)
     assert reason is not None
-    with caplog.at_level(logging.INFO, logger="csr_ros.engine.engine"):
-        engine = LocalEngine(tiny_hybrid_model, max_context_tokens=128)
+    with caplog.at_level(logging.INFO, logger="csr_ros.engine.torch_engine"):
+        engine = TorchEngine(tiny_hybrid_model, max_context_tokens=128)
     assert engine.forward_kind == "transformers"
     assert any(reason in record.getMessage() for record in caplog.records)
 
@@ -77,7 +77,7 @@ def test_a_model_the_lean_forward_cannot_run_falls_back_with_its_reason_logged(t
 def test_int8_decode_steps_of_a_biased_qwen2_add_the_biases():
     """A decode step on int8 weights stays near the float block forward of the same token (0.04
     here); without the q/k/v biases the same step is 0.3 away."""
-    engine = LocalEngine(_tiny_qwen2(tied=False), dtype="bfloat16", decode_weights="int8",
+    engine = TorchEngine(_tiny_qwen2(tied=False), dtype="bfloat16", decode_weights="int8",
                          max_context_tokens=256)
     engine.extend(PROMPT)
     token, pos = torch.tensor([5]), engine.n_committed

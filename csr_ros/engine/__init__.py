@@ -1,21 +1,32 @@
-"""The in-process inference engine (torch + transformers) and its execution-state capsules.
+"""The in-process inference engines and their execution-state capsules.
 
-    engine = LocalEngine("smollm2", threads=2)          # or a model directory, device="cuda"
-    fast = LocalEngine("smollm2", dtype="auto")         # bf16 + int4 decode where the CPU has bf16
+    engine = TorchEngine("smollm2", threads=2)          # or a model directory, device="cuda"
+    fast = TorchEngine("smollm2", dtype="auto")         # bf16 + int4 decode where the CPU has bf16
     engine.extend(static_ids)                           # prefill only the new tokens, commit
     out = engine.query(dynamic_ids, max_new_tokens=16)  # TTFT pays only the dynamic tokens
     capsule = engine.snapshot()                         # O(1) for K/V, copies recurrent state
     engine.restore(capsule)                             # byte-exact, also on hybrid models
     capsule.save("state.capsule")                       # safetensors; engine.load_capsule(path)
     child = engine.fork()                               # shares weights, copies the state
-    gguf = LlamaCppEngine("smollm2", threads=2)         # the GGUF on llama.cpp, same interface
+    gguf = LlamaCppEngine("smollm2", threads=2)         # the GGUF on llama.cpp, without torch
+    engine = make_engine("smollm2", backend="llamacpp") # either, by name
 
-The only part of csr_ros that imports torch at module level.
+Both are `Engine`s (decoder.py: the interface and the one decode loop they share). Names are
+imported on first use, so importing this package imports neither torch nor llama.cpp.
 """
 
-from csr_ros.engine.capsule import Capsule
-from csr_ros.engine.engine import ExtendResult, Generation, LocalEngine, OptionScores
-from csr_ros.engine.llamacpp import LlamaCppCapsule, LlamaCppEngine
+import importlib
 
-__all__ = ["Capsule", "ExtendResult", "Generation", "LlamaCppCapsule", "LlamaCppEngine",
-           "LocalEngine", "OptionScores"]
+_HOMES = {"Engine": "decoder", "ExtendResult": "decoder", "Generation": "decoder",
+          "OptionScores": "decoder", "make_engine": "decoder",
+          "TorchCapsule": "torch_engine", "TorchEngine": "torch_engine",
+          "LlamaCppCapsule": "llamacpp", "LlamaCppEngine": "llamacpp"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

@@ -4,14 +4,15 @@
     engine.query(dynamic_ids, max_new_tokens, constraint=constraint)
 
 llguidance computes, for the parser state after the tokens so far, the set of tokens that keep
-the answer inside the grammar (a bitmask over the vocabulary); the engine sets every other
-logit to -inf before sampling, so every answer parses. It reads the model's `tokenizer.json`
+the answer inside the grammar (a bitmask over the vocabulary); the decoder sets every other
+logit to -inf before sampling, so every answer parses. The mask is a numpy array, so both
+backends use it (the llama.cpp one without torch). It reads the model's `tokenizer.json`
 itself (Rust, no transformers), takes GBNF (the grammar llama.cpp's and vLLM's servers get),
 JSON schemas and choice lists, and compiles lazily: a grammar whose enumerations change from
 one decision to the next costs about a millisecond to set up.
 
-`mask_s` and `n_masks` add up the time spent computing and applying masks, so the per-token
-cost of constraining can be reported next to the forward pass it rides on.
+`mask_s` and `n_masks` add up the time spent computing masks, so the per-token cost of
+constraining can be reported next to the forward pass it rides on.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from csr_ros.actions import OutputConstraint
 from csr_ros.errors import ActionSpecError, ConfigError
@@ -83,7 +83,7 @@ class GrammarCompiler:
 
 
 class GrammarConstraint:
-    """One answer's parser state; the engine's `TokenConstraint`."""
+    """One answer's parser state; the decoder's `TokenConstraint`."""
 
     def __init__(self, matcher, vocab_size: int):
         self.matcher = matcher
@@ -92,17 +92,17 @@ class GrammarConstraint:
         self.n_masks = 0
         self.violations = 0
 
-    def mask_(self, logits: torch.Tensor) -> None:
+    def allowed(self, n_vocab: int) -> np.ndarray:
+        """[n_vocab] bool: the tokens the grammar allows next (none past the tokenizer's
+        vocabulary, where a model's logits row is padded)."""
         started = time.perf_counter()
         packed = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        allowed = np.unpackbits(packed, bitorder="little")[:logits.shape[-1]]      # [V]
-        allowed_t = torch.from_numpy(allowed.astype(np.bool_)).to(logits.device)
-        if allowed_t.shape[0] < logits.shape[-1]:        # ids past the tokenizer's vocabulary
-            logits[allowed_t.shape[0]:] = float("-inf")
-            logits = logits[:allowed_t.shape[0]]
-        logits.masked_fill_(~allowed_t, float("-inf"))
+        allowed = np.zeros(n_vocab, dtype=np.bool_)
+        bits = np.unpackbits(packed, bitorder="little")[:n_vocab]
+        allowed[:len(bits)] = bits
         self.mask_s += time.perf_counter() - started
         self.n_masks += 1
+        return allowed
 
     def forced(self) -> list[int]:
         """The tokens the grammar allows next with no alternative (llguidance's fast-forward:

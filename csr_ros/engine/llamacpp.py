@@ -1,4 +1,4 @@
-"""LlamaCppEngine: the local engine's interface over llama.cpp, in process.
+"""LlamaCppEngine: an `Engine` over llama.cpp, in process, without torch.
 
 llama-cpp-python's low-level API (the `llama_cpp` module: llama.h through ctypes) runs the
 GGUF's own quantized weights on llama.cpp's CPU kernels (AVX2, NEON), which decode several times
@@ -16,16 +16,19 @@ CSR with sequence-level cache operations, in one unified KV cache (cells carry s
                               (`seq_cp`), the dynamic part and the options' token trie decoded
                               in one batch, each trie node a member of every option through it
 
-The hot path, top to bottom:
+The hot path, top to bottom (the loop is `Decoder.query`, shared with the torch engine):
 
-    query → [commit: _decode(static tail, seq 0)] → _decode(dynamic) → sample → TTFT
-          → loop: _decode(one token) → sample → stop?
-          → seq_rm back to the committed length
+    query → [commit: _forward(static tail, seq 0)] → _forward(dynamic) → _sample → TTFT
+          → loop: _forward(one token) → _sample → stop?
+          → _rollback: seq_rm back to the committed length
 
 A capsule leaving the engine (`materialize`, `save`, pickling) holds the slot's bytes from
 `llama_state_seq_get_data`; restoring those is `llama_state_seq_set_data`. Recurrent and hybrid
 models are refused: their state cannot be cut back to a position by `seq_rm`; the torch engine
-(`LocalEngine`) runs them, capsules included.
+(`TorchEngine`) runs them, capsules included.
+
+Imports neither torch nor anything that does: the backend for a robot where torch is not
+installed. Logits are numpy arrays.
 """
 
 from __future__ import annotations
@@ -36,22 +39,18 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import ClassVar
 
 import numpy as np
 
-from csr_ros.engine.capsule import FORMAT as TORCH_CAPSULE_FORMAT
-from csr_ros.engine.capsule import mismatch_message
-from csr_ros.engine.engine import (ExtendResult, Generation, LocalEngine, OptionScores, _eos_ids,
-                                   _trie)
-from csr_ros.errors import (CapsuleError, CapsuleMismatchError, ConfigError, ContextOverflowError,
-                            ResourceError, StaleCapsuleError)
+from csr_ros.engine.capsule import CapsuleBase
+from csr_ros.engine.decoder import Decoder, OptionTrie, check_positive, eos_ids_of
+from csr_ros.errors import CapsuleError, ConfigError, ContextOverflowError, ResourceError
 
 log = logging.getLogger(__name__)
 
-CAPSULE_FORMAT = "csr_ros.llamacpp_capsule/1"
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
 DEFAULT_CAPSULE_SLOTS = 4
 OPTION_SEQUENCES = 32           # options scored per batch; more options take more batches
@@ -108,14 +107,17 @@ class _Model:
 
 
 @dataclass(frozen=True, eq=False)
-class LlamaCppCapsule:
+class LlamaCppCapsule(CapsuleBase):
     """The complete state of a LlamaCppEngine at a committed boundary.
 
     Attached (taken by `snapshot`): the engine's capsule slot shares the committed cells, so it
     costs no copy; it goes stale when the slot is recycled (more live capsules than slots).
     Materialized: `data` holds the sequence's bytes (`llama_state_seq_get_data`), independent of
-    any engine of the same model and context settings.
+    any engine of the same model and context settings; in a file, the tensor `state`.
     """
+
+    backend: ClassVar[str] = "llamacpp"
+    framework: ClassVar[str] = "numpy"
 
     fingerprint: str
     n_tokens: int
@@ -131,107 +133,55 @@ class LlamaCppCapsule:
     def is_materialized(self) -> bool:
         return self.data is not None
 
-    def owner(self) -> "LlamaCppEngine | None":
-        return None if self._owner is None else self._owner()
-
     def nbytes(self) -> int:
         """Bytes this capsule holds itself (an attached slot counts as zero)."""
         logits = 0 if self.last_logits is None else self.last_logits.nbytes
-        return logits + len(self.data or b"")
+        return logits + self.kv_nbytes()
 
-    def check_fresh(self) -> None:
-        if self.is_materialized:
-            return
+    def kv_nbytes(self) -> int:
+        """Bytes of the sequence state this capsule holds itself (zero while attached)."""
+        return len(self.data or b"")
+
+    def owner(self) -> "LlamaCppEngine | None":
+        engine = super().owner()
+        return None if engine is None or engine._ctx is None else engine
+
+    def _stale_reason(self) -> str | None:
         engine = self.owner()
-        if engine is None or engine._ctx is None:
-            msg = ("the engine this capsule was taken from is gone, and the capsule holds no "
-                   "state of its own: materialize() or save() capsules that must outlive it")
-            raise CapsuleError(msg)
         if engine._slot_generation[self._slot] != self._generation:
-            msg = (f"capsule of {self.n_tokens} tokens is stale: its capsule slot was reused by "
-                   f"a later snapshot (this engine keeps {engine.capsule_slots} attached "
-                   "capsules); materialize() capsules you want to keep longer")
-            raise StaleCapsuleError(msg)
+            return (f"its capsule slot was reused by a later snapshot (this engine keeps "
+                    f"{engine.capsule_slots} attached capsules)")
+        return None
 
-    def materialize(self) -> "LlamaCppCapsule":
-        if self.is_materialized:
-            return self
-        self.check_fresh()
-        data = self.owner()._sequence_bytes(self._slot)
-        return replace(self, data=data, _owner=None, _slot=-1, _generation=-1)
+    def _own_copy(self) -> dict:
+        return {"data": self.owner()._sequence_bytes(self._slot), "_slot": -1, "_generation": -1}
 
-    def __reduce__(self):
-        full = self.materialize()
-        return (LlamaCppCapsule, (full.fingerprint, full.n_tokens, full.token_ids, full.dtype,
-                                  full.last_logits, full.data))
+    def _tensors(self) -> dict[str, np.ndarray]:
+        tensors = {"state": np.frombuffer(self.data, dtype=np.uint8),
+                   "token_ids": np.asarray(self.token_ids, dtype=np.int64)}
+        if self.last_logits is not None:
+            tensors["logits"] = np.ascontiguousarray(self.last_logits, dtype=np.float32)
+        return tensors
 
-    def save(self, path: str | Path) -> Path:
-        """One safetensors file: the sequence bytes, token ids and last logits."""
-        from safetensors.numpy import save_file
-
-        full = self.materialize()
-        tensors = {"state": np.frombuffer(full.data, dtype=np.uint8),
-                   "token_ids": np.asarray(full.token_ids, dtype=np.int64)}
-        if full.last_logits is not None:
-            tensors["logits"] = np.ascontiguousarray(full.last_logits, dtype=np.float32)
-        metadata = {"format": CAPSULE_FORMAT, "fingerprint": self.fingerprint,
-                    "n_tokens": str(self.n_tokens), "dtype": self.dtype}
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(tensors, str(tmp), metadata=metadata)
-        tmp.replace(path)
-        return path
+    def _metadata(self) -> dict[str, str]:
+        return {}
 
     @classmethod
-    def load(cls, path: str | Path, *, expect_fingerprint: str | None = None
-             ) -> "LlamaCppCapsule":
-        from safetensors import safe_open
-        from safetensors.numpy import load_file
-
-        path = Path(path)
-        if not path.is_file():
-            raise CapsuleError(f"no capsule file at {path}")
-        try:
-            with safe_open(str(path), framework="numpy") as f:
-                metadata = f.metadata() or {}
-        except Exception as exc:  # safetensors raises its own error types for corrupt headers
-            raise CapsuleError(f"{path} is not a readable capsule file: {exc}") from None
-        kind = metadata.get("format")
-        if kind == TORCH_CAPSULE_FORMAT:
-            msg = (f"{path} holds the torch engine's state (K/V tensors), not llama.cpp's: "
-                   "restore it into LocalEngine (backend='torch')")
-            raise CapsuleMismatchError(msg)
-        if kind != CAPSULE_FORMAT:
-            msg = (f"{path} is not a llama.cpp capsule (format {kind!r}, expected "
-                   f"{CAPSULE_FORMAT!r})")
-            raise CapsuleError(msg)
-        fingerprint = metadata["fingerprint"]
-        if expect_fingerprint is not None and fingerprint != expect_fingerprint:
-            raise CapsuleMismatchError(mismatch_message(fingerprint, expect_fingerprint, path))
-        tensors = load_file(str(path))
-        token_ids = tuple(int(i) for i in tensors["token_ids"])
-        n_tokens = int(metadata["n_tokens"])
-        assert len(token_ids) == n_tokens, f"{path}: {len(token_ids)} ids for {n_tokens} tokens"
-        return cls(fingerprint=fingerprint, n_tokens=n_tokens, token_ids=token_ids,
+    def _from_file(cls, metadata: dict, tensors: dict) -> "LlamaCppCapsule":
+        return cls(fingerprint=metadata["fingerprint"], n_tokens=int(metadata["n_tokens"]),
+                   token_ids=tuple(int(i) for i in tensors["token_ids"]),
                    dtype=metadata["dtype"], last_logits=tensors.get("logits"),
                    data=tensors["state"].tobytes())
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(Decoder):
     """One GGUF model, one committed token run in sequence 0. Not thread-safe: one caller at a
-    time (as `LocalEngine`)."""
+    time."""
 
+    backend: ClassVar[str] = "llamacpp"
+    framework: ClassVar[str] = "numpy"
+    capsule_type: ClassVar[type] = LlamaCppCapsule
     forward_kind = "llama.cpp"
-    # Id and room checks and the stop rules of a decode are LocalEngine's own: they read only
-    # `tokenizer`, `vocab_size` and `max_context_tokens`, which this engine has too.
-    _check_ids = LocalEngine._check_ids
-    _check_room = LocalEngine._check_room
-    _take_forced = LocalEngine._take_forced
-    _finished = LocalEngine._finished
-    load = LocalEngine.load                    # checks, reset(), then extend(): a cold prefill
-    scratch = LocalEngine.scratch              # snapshot, then restore it at the block's end
-    save_capsule = LocalEngine.save_capsule    # check it is ours, then capsule.save(path)
 
     def __init__(self, model="smollm2", *, threads: int | None = None,
                  decode_threads: int | None = None, max_context_tokens: int | None = None,
@@ -258,13 +208,8 @@ class LlamaCppEngine:
         from csr_ros.model_store import model_fingerprint, resolve_gguf, resolve_model_dir
         from csr_ros.tokenizer import HFTokenizer
 
-        if prefill_chunk_tokens < 1:
-            raise ConfigError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
-        if capsule_slots < 1:
-            raise ConfigError(f"capsule_slots must be >= 1, got {capsule_slots}")
-        for name, value in (("threads", threads), ("decode_threads", decode_threads)):
-            if value is not None and int(value) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}")
+        check_positive(prefill_chunk_tokens=prefill_chunk_tokens, capsule_slots=capsule_slots,
+                       threads=threads, decode_threads=decode_threads)
         loading = _shared is None
         if loading:
             gguf = Path(model) if isinstance(model, Path) else resolve_gguf(str(model))
@@ -289,7 +234,7 @@ class LlamaCppEngine:
                    f"got {self.max_context_tokens}")
             raise ConfigError(msg)
         self.vocab_size = gguf_model.n_vocab
-        self.eos_ids = _eos_ids(self.tokenizer, None)
+        self.eos_ids = eos_ids_of(self.tokenizer)
         self.device = "cpu"
         self.capsule_slots = int(capsule_slots)
         self.prefill_chunk_tokens = int(prefill_chunk_tokens)
@@ -331,6 +276,7 @@ class LlamaCppEngine:
         self._n_seq_ids[:] = 1
         self._ids: list[int] = []
         self._last_logits: np.ndarray | None = None       # [V] float32 after the last token
+        self._length = 0                                   # positions decoded in sequence 0
         self._slot_generation = [0] * (1 + self.capsule_slots)
         self._slot_order: list[int] = []                   # attached slots, oldest first
         self._released: list[tuple[int, int]] = []         # (slot, generation) of dead capsules
@@ -340,25 +286,14 @@ class LlamaCppEngine:
     # -- committed state ----------------------------------------------------------------------
 
     @property
-    def n_committed(self) -> int:
-        return len(self._ids)
-
-    @property
-    def committed_ids(self) -> tuple[int, ...]:
-        return tuple(self._ids)
-
-    @property
-    def last_logits(self):
-        """The logits after the last committed token, a [V] float32 torch tensor (a copy)."""
-        import torch
-
-        return None if self._last_logits is None else torch.from_numpy(self._last_logits.copy())
+    def last_logits(self) -> np.ndarray | None:
+        """The logits after the last committed token, a [V] float32 numpy array (a copy)."""
+        return None if self._last_logits is None else self._last_logits.copy()
 
     def set_threads(self, threads: int, decode_threads: int | None = None) -> None:
         """llama.cpp's threads from the next decode on: `threads` for batches, `decode_threads`
         (default: the engine's own, at most `threads`) for single-token steps."""
-        if int(threads) < 1:
-            raise ConfigError(f"threads must be >= 1, got {threads}")
+        check_positive(threads=threads, decode_threads=decode_threads)
         decode = int(decode_threads) if decode_threads is not None else min(
             self.decode_threads or int(threads), int(threads))
         self.lib.llama_set_n_threads(self._ctx, decode, int(threads))
@@ -367,128 +302,75 @@ class LlamaCppEngine:
         """Drop the committed state; attached capsules keep their cells."""
         self._free_released_slots()
         self.lib.llama_memory_seq_rm(self._mem, _COMMITTED, -1, -1)
-        self._ids, self._last_logits = [], None
+        self._ids, self._last_logits, self._length = [], None, 0
 
-    def extend(self, token_ids: Sequence[int]) -> ExtendResult:
-        """Prefill only `token_ids` after the committed state and commit them."""
-        ids = self._check_ids(token_ids, "token_ids", allow_empty=False)
-        self._check_room(len(ids), self.n_committed, "extend")
-        started = time.perf_counter()
-        self._commit(ids)
-        return ExtendResult(len(ids), time.perf_counter() - started, self.n_committed)
+    # -- the backend's steps (the loop is Decoder.query) --------------------------------------
 
-    # -- the query hot path -------------------------------------------------------------------
+    def _forward(self, ids: list[int], *, decode: bool = False) -> np.ndarray:
+        """Decode `ids` in sequence 0 after the last decoded position; the logits after the last
+        one. (llama.cpp picks its threads by batch size: `decode` changes nothing here.)"""
+        start = self._length
+        rows = self._decode(ids, list(range(start, start + len(ids))), None, [len(ids) - 1])
+        self._length = start + len(ids)
+        return rows[len(ids) - 1]
 
-    def query(self, dynamic_ids: Sequence[int], max_new_tokens: int, *, stop: Sequence[str] = (),
-              eos_ids: Sequence[int] | None = None, commit_ids: Sequence[int] = (),
-              temperature: float = 0.0, seed: int | None = None, constraint=None,
-              on_token: Callable[[int], None] | None = None) -> Generation:
-        """Commit `commit_ids`, decode `dynamic_ids` (not committed) and the answer, roll back.
+    @staticmethod
+    def _mask(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+        return np.where(allowed, logits, np.float32(-np.inf))  # a copy: logits stay intact
 
-        As `LocalEngine.query`: greedy unless temperature > 0, TTFT from the call to the first
-        sampled token, `constraint` masks each sample (and may force tokens), `on_token(n)`
-        after each sampled token (what it raises stops the decode, after the same roll back)."""
-        commit = self._check_ids(commit_ids, "commit_ids", allow_empty=True)
-        dynamic = self._check_ids(dynamic_ids, "dynamic_ids", allow_empty=True)
-        if max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {temperature}")
-        stop = tuple(s for s in stop if s)
-        if not commit and not dynamic and self._last_logits is None:
-            raise ConfigError("query on an empty state needs at least one prompt token")
-        self._check_room(len(commit) + len(dynamic) + max_new_tokens, self.n_committed, "query")
-        eos = frozenset(self.eos_ids if eos_ids is None else eos_ids)
-        rng = np.random.default_rng(0 if seed is None else int(seed)) if temperature > 0 else None
+    @staticmethod
+    def _sample(logits: np.ndarray, temperature: float, rng) -> int:
+        if temperature <= 0:
+            return int(np.argmax(logits))
+        scaled = (logits.astype(np.float64) - float(np.max(logits))) / temperature
+        probs = np.exp(scaled)
+        return int(rng.choice(len(probs), p=probs / probs.sum()))
 
-        started = time.perf_counter()
-        if commit:
-            self._commit(commit)
-        n_static = self.n_committed
-        try:
-            # Tokens the grammar forces are never sampled: they ride on the next decode.
-            tokens: list[int] = []
-            text, finish = self._take_forced(tokens, constraint, eos, stop, max_new_tokens)
-            feed = dynamic + tokens
-            position = n_static
-            if finish is None:
-                logits = self._decode_last(feed, position) if feed else self._last_logits
-                position += len(feed)
-                tokens.append(_sample(logits, constraint, temperature, rng))
-                text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
-            ttft_s = time.perf_counter() - started
-            if on_token is not None:
-                on_token(len(tokens))
-            while finish is None:
-                n_sampled = len(tokens)
-                text, finish = self._take_forced(tokens, constraint, eos, stop, max_new_tokens)
-                if finish is not None:
-                    break
-                feed = tokens[n_sampled - 1:]          # the sampled token, then any forced
-                logits = self._decode_last(feed, position)
-                position += len(feed)
-                tokens.append(_sample(logits, constraint, temperature, rng))
-                text, finish = self._finished(tokens, eos, stop, max_new_tokens, constraint)
-                if on_token is not None:
-                    on_token(len(tokens))
-            decode_s = time.perf_counter() - started - ttft_s
-        finally:
-            self._rollback(n_static)
-        return Generation(text=text, token_ids=tuple(tokens), ttft_s=ttft_s, decode_s=decode_s,
-                          n_committed=len(commit), n_dynamic=len(dynamic), finish_reason=finish)
+    @staticmethod
+    def _new_rng(seed: int) -> np.random.Generator:
+        return np.random.default_rng(seed)
 
-    def score_options(self, dynamic_ids: Sequence[int], options: Sequence[Sequence[int]], *,
-                      commit_ids: Sequence[int] = (),
-                      end_id: int | None = None) -> OptionScores:
-        """Log-probability of each option's tokens after `dynamic_ids` (plus `end_id` after each
-        option, when given), as `LocalEngine.score_options`.
+    def _mark(self) -> int:
+        return self._length
 
-        Up to OPTION_SEQUENCES options per batch: each option gets a sequence that shares the
-        committed cells (`seq_cp`), the dynamic part is decoded once as a member of all of them
-        and the options' token trie after it, each node a member of the options through it; the
-        option sequences are removed afterwards, sequence 0 is never touched."""
-        commit = self._check_ids(commit_ids, "commit_ids", allow_empty=True)
-        dynamic = self._check_ids(dynamic_ids, "dynamic_ids", allow_empty=True)
-        paths = [self._check_ids(o, "an option", allow_empty=False) for o in options]
-        if not paths:
-            raise ConfigError("score_options needs at least one option")
-        if not commit and not dynamic and self._last_logits is None:
-            raise ConfigError("score_options on an empty state needs at least one prompt token")
-        longest = max(len(p) for p in paths) + (1 if end_id is not None else 0)
-        self._check_room(len(commit) + len(dynamic) + longest, self.n_committed, "score_options")
-        started = time.perf_counter()
-        if commit:
-            self._commit(commit)
-        logprobs: list[float] = []
-        n_forward = 0
-        for first in range(0, len(paths), OPTION_SEQUENCES):
-            group = paths[first:first + OPTION_SEQUENCES]
-            scores, n = self._score_group(dynamic, group, end_id)
-            logprobs += scores
-            n_forward += n
-        return OptionScores(logprobs=tuple(logprobs), n_forward_tokens=n_forward,
-                            seconds=time.perf_counter() - started, n_committed=len(commit))
+    def _rollback(self, n_tokens: int) -> None:
+        ok = self.lib.llama_memory_seq_rm(self._mem, _COMMITTED, n_tokens, -1)
+        assert ok, f"llama.cpp refused to remove sequence 0 from position {n_tokens}"
+        self._length = n_tokens
 
-    def _score_group(self, dynamic: list[int], paths: list[list[int]],
-                     end_id: int | None) -> tuple[list[float], int]:
-        tokens, parents, depths, ends = _trie(paths)
-        # A node is fed only if a row after it is read: one with children, or any node when the
-        # end token is scored. An option's last token is scored from its parent's row.
-        has_child = {p for p in parents if p >= 0}
-        fed = [i for i in range(len(tokens)) if end_id is not None or i in has_child]
-        seq_of_option = [self._first_option_seq + j for j in range(len(paths))]
+    @staticmethod
+    def _log_softmax(row: np.ndarray) -> np.ndarray:
+        row = row.astype(np.float64)
+        top = float(np.max(row))
+        return row - (top + float(np.log(np.exp(row - top).sum())))
+
+    # -- closed choices: option sequences ---------------------------------------------------------
+
+    def _option_groups(self, paths: list[list[int]]) -> list[list[list[int]]]:
+        """Up to OPTION_SEQUENCES options per batch: each gets a sequence id of its own."""
+        return [paths[i:i + OPTION_SEQUENCES] for i in range(0, len(paths), OPTION_SEQUENCES)]
+
+    def _trie_positions(self, trie: OptionTrie) -> int:
+        return trie.longest               # positions by depth: options share cells, not places
+
+    def _score_trie(self, dynamic: list[int], trie: OptionTrie) -> list[np.ndarray]:
+        """Each option gets a sequence that shares the committed cells (`seq_cp`); the dynamic
+        part is decoded once as a member of all of them and the trie after it, each node a
+        member of the options through it; the option sequences are removed afterwards,
+        sequence 0 is never touched. Log-softmax rows: after the dynamic part, then after each
+        fed node."""
+        seq_of_option = [self._first_option_seq + j for j in range(len(trie.ends))]
         members: dict[int, list[int]] = {}               # trie node -> option sequences
-        for j, nodes in enumerate(ends):
+        for j, nodes in enumerate(trie.ends):
             for node in nodes:
                 members.setdefault(node, []).append(seq_of_option[j])
-        n_static = self.n_committed
-        feed = dynamic + [tokens[i] for i in fed]
-        positions = (list(range(n_static, n_static + len(dynamic)))
-                     + [n_static + len(dynamic) + depths[i] for i in fed])
-        seqs = [seq_of_option] * len(dynamic) + [members[i] for i in fed]
+        n_static, n_dyn = self._length, len(dynamic)
+        feed = dynamic + [trie.tokens[i] for i in trie.fed]
+        positions = (list(range(n_static, n_static + n_dyn))
+                     + [n_static + n_dyn + trie.depths[i] for i in trie.fed])
+        seqs = [seq_of_option] * n_dyn + [members[i] for i in trie.fed]
         # Rows read: after the dynamic part (its last token), then after each fed node.
-        out_rows = ([len(dynamic) - 1] if dynamic else []) + [len(dynamic) + k
-                                                              for k in range(len(fed))]
+        out_rows = ([n_dyn - 1] if dynamic else []) + [n_dyn + k for k in range(len(trie.fed))]
         for seq in seq_of_option:
             self.lib.llama_memory_seq_cp(self._mem, _COMMITTED, seq, -1, -1)
         try:
@@ -496,43 +378,11 @@ class LlamaCppEngine:
         finally:
             for seq in seq_of_option:
                 self.lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
-        first = rows[len(dynamic) - 1] if dynamic else self._last_logits
-        row_of = {node: _log_softmax(rows[len(dynamic) + k]) for k, node in enumerate(fed)}
-        base = _log_softmax(first)
-        scores = []
-        for nodes in ends:
-            total, before = 0.0, base
-            for node in nodes:
-                total += float(before[tokens[node]])
-                before = row_of.get(node)
-            if end_id is not None:
-                total += float(before[end_id])
-            scores.append(total)
-        return scores, len(feed)
+        first = rows[n_dyn - 1] if dynamic else self._last_logits
+        return [self._log_softmax(first)] + [self._log_softmax(rows[n_dyn + k])
+                                             for k in range(len(trie.fed))]
 
     # -- decoding -----------------------------------------------------------------------------
-
-    def _commit(self, ids: list[int]) -> None:
-        """Decode `ids` into sequence 0 after the committed run and commit them; on failure the
-        committed state is as before."""
-        n_before = self.n_committed
-        try:
-            logits = self._decode_last(ids, n_before)
-        except BaseException:
-            self._rollback(n_before)
-            raise
-        self._ids.extend(ids)
-        self._last_logits = logits
-
-    def _rollback(self, n_tokens: int) -> None:
-        ok = self.lib.llama_memory_seq_rm(self._mem, _COMMITTED, n_tokens, -1)
-        assert ok, f"llama.cpp refused to remove sequence 0 from position {n_tokens}"
-
-    def _decode_last(self, ids: list[int], position: int) -> np.ndarray:
-        """Decode `ids` in sequence 0 at `position`...; the logits after the last one."""
-        rows = self._decode(ids, list(range(position, position + len(ids))), None,
-                            [len(ids) - 1])
-        return rows[len(ids) - 1]
 
     def _decode(self, ids: list[int], positions: list[int], seqs: list[list[int]] | None,
                 out_rows: list[int]) -> dict[int, np.ndarray]:
@@ -608,12 +458,12 @@ class LlamaCppEngine:
             lib.llama_memory_seq_rm(self._mem, _COMMITTED, -1, -1)
             if not self._set_sequence_bytes(data) and not (
                     self._release_slots() and self._set_sequence_bytes(data)):
-                self._ids, self._last_logits = [], None
+                self._ids, self._last_logits, self._length = [], None, 0
                 msg = (f"llama.cpp could not restore a capsule of {capsule.n_tokens} tokens "
                        "(not enough free KV cells, or state from other context settings); "
                        "the committed state is now empty")
                 raise CapsuleError(msg)
-        self._ids = list(capsule.token_ids)
+        self._ids, self._length = list(capsule.token_ids), capsule.n_tokens
         self._last_logits = (None if capsule.last_logits is None
                              else np.array(capsule.last_logits, dtype=np.float32))
 
@@ -623,26 +473,6 @@ class LlamaCppEngine:
                                **self._settings)
         child.restore(self.snapshot())
         return child
-
-    def load_capsule(self, path: str | Path) -> LlamaCppCapsule:
-        capsule = LlamaCppCapsule.load(path, expect_fingerprint=self.fingerprint)
-        self._check_capsule(capsule)
-        return capsule
-
-    def _check_capsule(self, capsule) -> None:
-        if not isinstance(capsule, LlamaCppCapsule):
-            msg = (f"a {type(capsule).__name__} holds the torch engine's state: restore it into "
-                   "LocalEngine (backend='torch'); llama.cpp restores only its own capsules")
-            raise CapsuleMismatchError(msg)
-        if capsule.fingerprint != self.fingerprint:
-            raise CapsuleMismatchError(mismatch_message(capsule.fingerprint, self.fingerprint))
-        if capsule.dtype != self.precision:
-            msg = f"capsule holds {capsule.dtype} state, this engine runs {self.precision}"
-            raise CapsuleMismatchError(msg)
-        if capsule.n_tokens > self.max_context_tokens:
-            msg = (f"capsule holds {capsule.n_tokens} tokens, more than this engine's "
-                   f"max_context_tokens={self.max_context_tokens}")
-            raise ContextOverflowError(msg)
 
     def _free_released_slots(self) -> None:
         """Give back the cells of capsules nobody holds any more (their slots were kept until
@@ -733,26 +563,6 @@ class LlamaCppEngine:
         self.close()
 
 
-def _sample(logits: np.ndarray, constraint, temperature: float, rng) -> int:
-    if constraint is not None:
-        import torch
-
-        logits = torch.from_numpy(logits.copy())    # the committed state's logits stay intact
-        constraint.mask_(logits)
-        logits = logits.numpy()
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    scaled = (logits.astype(np.float64) - float(np.max(logits))) / temperature
-    probs = np.exp(scaled)
-    return int(rng.choice(len(probs), p=probs / probs.sum()))
-
-
-def _log_softmax(row: np.ndarray) -> np.ndarray:
-    row = row.astype(np.float64)
-    top = float(np.max(row))
-    return row - (top + float(np.log(np.exp(row - top).sum())))
-
-
 def _unsupported_reason(lib, model) -> str | None:
     if lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model):
         return ("its recurrent state cannot be cut back to the committed length, so a query "
@@ -777,4 +587,4 @@ def _cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-__all__ = ["LlamaCppCapsule", "LlamaCppEngine", "CAPSULE_FORMAT"]
+__all__ = ["LlamaCppCapsule", "LlamaCppEngine"]

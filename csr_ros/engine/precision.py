@@ -19,16 +19,15 @@ matmuls, 2 threads: int8 with float32 activations about 20x slower than float32,
 with bf16 activations 2x slower) fbgemm's fp16-weight GEMM beats float32 for a decode step
 (2x on the matmuls, 1.8x on the whole step) without quantizing the activations, and float32
 stays the fastest for prefill and queries. docs/engine.md has the figures against llama.cpp.
+
+torch is imported only when asked about: `choose_backend` answers where it is not installed.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-import torch
-
 from csr_ros.cpu import BF16_FLAGS, bf16_flags, cpu_flags
-from csr_ros.engine import lean
 
 
 def native_bf16() -> bool:
@@ -36,12 +35,18 @@ def native_bf16() -> bool:
     (csr_ros.cpu: CSR_ROS_CPU_BF16=0 takes the float32 paths on such a CPU)."""
     if not bf16_flags():
         return False
+    import torch
+
     return bool(torch.backends.mkldnn.is_available()
                 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def choose(device: torch.device) -> tuple[torch.dtype, str]:
-    """(dtype, decode weights) for `dtype="auto"` on `device`."""
+def choose(device):
+    """(torch dtype, decode weights) for `dtype="auto"` on the torch `device`."""
+    import torch
+
+    from csr_ros.engine import lean
+
     if device.type == "cuda":
         return torch.bfloat16, "float"
     if device.type == "cpu" and native_bf16():
@@ -56,19 +61,30 @@ def llamacpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+def torch_available() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
 def choose_backend(device: str = "cpu", dtype=None) -> str:
     """The local engine `dtype="auto"` runs on: "torch" where it has fast kernels (native bf16,
     or x86 with fbgemm's fp16 GEMM for decode steps: its float32 prefill and CSR queries beat
     llama.cpp's there, docs/engine.md), else "llamacpp" (the GGUF on llama.cpp's NEON kernels
-    on ARM, in process) where llama-cpp-python is installed. Any other dtype asks for torch."""
-    if dtype != "auto" or torch.device(device).type != "cpu" or native_bf16() \
-            or lean.fp16_available():
+    on ARM, in process) where llama-cpp-python is installed, and wherever torch is not. Any
+    other dtype asks for torch."""
+    if dtype != "auto" or str(device).split(":")[0] != "cpu":
         return "torch"
+    if torch_available():
+        from csr_ros.engine import lean
+
+        if native_bf16() or lean.fp16_available():
+            return "torch"
     return "llamacpp" if llamacpp_available() else "torch"
 
 
 def describe() -> dict:
     """JSON-ready facts for benchmark records."""
+    import torch
+
     flags = cpu_flags()
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cpu_bf16_flags": sorted(f for f in BF16_FLAGS if f in flags),

@@ -147,7 +147,7 @@ def score_choices_local(resource, request: Request, choice_ids: Sequence[Sequenc
     with engine.scratch():
         if request.dynamic_ids:
             engine.extend(request.dynamic_ids)
-        first = engine.last_logits.log_softmax(-1)          # [V]: the first answer token
+        first = engine.last_logprobs()                      # [V]: the first answer token
         int(first.argmax())
         ttft_s = time.perf_counter() - started
         for ids in choice_ids:
@@ -155,7 +155,7 @@ def score_choices_local(resource, request: Request, choice_ids: Sequence[Sequenc
                 lps = [float(first[ids[0]])]
                 for prev, tok in zip(ids[:-1], ids[1:]):
                     engine.extend([prev])
-                    lps.append(float(engine.last_logits.log_softmax(-1)[tok]))
+                    lps.append(float(engine.last_logprobs()[tok]))
             logprobs.append(lps)
     return ttft_s, time.perf_counter() - started, logprobs
 

@@ -1,5 +1,5 @@
-"""`local`: the Resource interface over an in-process engine: torch + transformers
-(`LocalEngine`, the default) or llama.cpp (`LlamaCppEngine`, backend="llamacpp").
+"""`local`: the Resource interface over an in-process `Engine`: torch + transformers
+(`TorchEngine`) or llama.cpp (`LlamaCppEngine`, backend="llamacpp", which needs no torch).
 
     make_resource("local", model="smollm2", threads=2)
     make_resource("local", model="smollm2", threads=2, backend="llamacpp")
@@ -14,10 +14,8 @@ from __future__ import annotations
 import threading
 from typing import Callable, Sequence
 
-import torch
-
 from csr_ros.actions import ChoiceScores, OutputConstraint
-from csr_ros.engine import LocalEngine
+from csr_ros.engine.decoder import Engine, check_positive, make_engine
 from csr_ros.errors import ConfigError, StateMismatchError
 from csr_ros.resources.base import PrefillResult, QueryResult
 from csr_ros.state import Request
@@ -31,7 +29,7 @@ class LocalResource:
                  dtype: str | None = None, prefill_chunk_tokens: int = 512,
                  forward: str = "auto", decode_weights: str = "auto",
                  decode_threads: int | None = None, backend: str = "auto"):
-        """`backend`: "torch" (LocalEngine: transformers' weights, capsules on every model),
+        """`backend`: "torch" (TorchEngine: transformers' weights, capsules on every model),
         "llamacpp" (LlamaCppEngine: the GGUF on llama.cpp's kernels, in process; `dtype`,
         `forward` and `decode_weights` are the torch engine's and stay at their defaults), or
         "auto" (the default: `precision.choose_backend(device, dtype)`, torch unless
@@ -43,40 +41,35 @@ class LocalResource:
 
             backend = (precision.choose_backend(device, dtype)
                        if forward == "auto" and decode_weights == "auto" else "torch")
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        common = dict(threads=threads, decode_threads=decode_threads,
+                      max_context_tokens=max_context_tokens,
+                      prefill_chunk_tokens=prefill_chunk_tokens)
         if backend == "llamacpp":
             _check_llamacpp_options(device=device, dtype=dtype, forward=forward,
                                     decode_weights=decode_weights)
-            from csr_ros.engine.llamacpp import LlamaCppEngine
-
-            self.engine = LlamaCppEngine(model, threads=threads, decode_threads=decode_threads,
-                                         max_context_tokens=max_context_tokens,
-                                         prefill_chunk_tokens=prefill_chunk_tokens)
-        elif backend == "torch":
-            self.engine = LocalEngine(model, device=device, dtype=dtype, threads=threads,
-                                      max_context_tokens=max_context_tokens,
-                                      prefill_chunk_tokens=prefill_chunk_tokens,
-                                      forward=forward, decode_weights=decode_weights,
-                                      decode_threads=decode_threads)
+            engine = make_engine(model, backend=backend, **common)
         else:
-            raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        self.backend = backend
-        self.max_context_tokens = self.engine.max_context_tokens
-        self._lock = threading.Lock()       # one call at a time: the engine is not thread-safe
-        self._compiler = None               # llguidance's vocabulary, built on first use
-        self._option_cache: dict[str, list[int]] = {}
+            engine = make_engine(model, backend=backend, device=device, dtype=dtype,
+                                 forward=forward, decode_weights=decode_weights, **common)
+        self._adopt(engine)
 
     @classmethod
-    def from_engine(cls, engine: LocalEngine, *, name: str = "local") -> "LocalResource":
+    def from_engine(cls, engine: Engine, *, name: str = "local") -> "LocalResource":
         """A resource over an existing engine (e.g. `engine.fork()`: shared weights, own cache)."""
         self = cls.__new__(cls)
         self.name = name
-        self.engine = engine
-        self.backend = "llamacpp" if engine.forward_kind == "llama.cpp" else "torch"
-        self.max_context_tokens = engine.max_context_tokens
-        self._lock = threading.Lock()
-        self._compiler = None
-        self._option_cache = {}
+        self._adopt(engine)
         return self
+
+    def _adopt(self, engine: Engine) -> None:
+        self.engine = engine
+        self.backend = engine.backend
+        self.max_context_tokens = engine.max_context_tokens
+        self._lock = threading.Lock()       # one call at a time: the engine is not thread-safe
+        self._compiler = None               # llguidance's vocabulary, built on first use
+        self._option_cache: dict[str, list[int]] = {}
 
     @property
     def n_committed(self) -> int:
@@ -86,7 +79,8 @@ class LocalResource:
     def committed_ids(self) -> tuple[int, ...]:
         return self.engine.committed_ids
 
-    def load(self, ids: Sequence[int], text: str | None = None) -> PrefillResult:
+    def load(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
+             timeout_s: float | None = None) -> PrefillResult:
         with self._lock:
             if not ids:
                 self.engine.reset()
@@ -94,7 +88,8 @@ class LocalResource:
             result = self.engine.load(ids)
         return PrefillResult(result.n_tokens, result.seconds, result.n_committed)
 
-    def extend(self, ids: Sequence[int], text: str | None = None) -> PrefillResult:
+    def extend(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
+               timeout_s: float | None = None) -> PrefillResult:
         with self._lock:
             if not ids:
                 return PrefillResult(0, 0.0, self.engine.n_committed)
@@ -103,11 +98,13 @@ class LocalResource:
 
     def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
               constraint: OutputConstraint | None = None,
-              on_token: Callable[[int], None] | None = None) -> QueryResult:
+              on_token: Callable[[int], None] | None = None,
+              timeout_s: float | None = None) -> QueryResult:
         """`constraint`: a grammar or JSON schema masks each sampled token (llguidance); a
         closed choice is scored in one forward pass instead of decoded. `on_token(n)`: called
         with the answer's tokens so far after each one (once for a choice); what it raises
-        stops the decode between two tokens (LocalEngine.query)."""
+        stops the decode between two tokens (Decoder.query). An in-process computation cannot
+        be abandoned: `timeout_s` is not enforced."""
         with self._lock:
             n = self.engine.n_committed
             static = request.static_ids
@@ -202,14 +199,9 @@ class LocalResource:
     def set_threads(self, threads: int) -> None:
         """Compute threads from the next call on: torch's (per process), or the llama.cpp
         engine's own."""
-        if int(threads) < 1:
-            raise ConfigError(f"threads must be >= 1, got {threads}")
+        check_positive(threads=threads)
         with self._lock:
-            engine_threads = getattr(self.engine, "set_threads", None)
-            if engine_threads is not None:
-                engine_threads(int(threads))
-            else:
-                torch.set_num_threads(int(threads))
+            self.engine.set_threads(int(threads))
 
     def close(self) -> None:
         with self._lock:
