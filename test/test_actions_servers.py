@@ -18,7 +18,7 @@ from test_openai_vllm_protocol import VllmLikeServer, robot_state
 from csr_ros.actions import Vocabulary
 from csr_ros.errors import ConfigError
 from csr_ros.layout import Layout
-from csr_ros.resources.openai import OpenAIResource
+from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.state import CsrState
 
 SPECS = ["wait()", "look_around()", "go_to(room: kitchen|living_room|hallway|office)",
@@ -42,8 +42,8 @@ class VersionedVllm(VllmLikeServer):
 
 def _vllm(tokenizer, version, **options) -> tuple[VersionedVllm, OpenAIResource]:
     server = VersionedVllm(tokenizer, version)
-    resource = OpenAIResource("http://127.0.0.1:8001", transport=httpx.MockTransport(server),
-                              **options)
+    resource = OpenAIResource(OpenAIOptions("http://127.0.0.1:8001", **options),
+                              transport=httpx.MockTransport(server))
     return server, resource
 
 
@@ -126,7 +126,7 @@ def test_the_structured_api_can_be_chosen_and_an_unknown_server_gets_none(tokeni
 
 
 def test_every_action_decoded_by_llama_cpp_with_the_grammar_parses(llama_server):  # noqa: F811
-    resource = OpenAIResource(llama_server.url)
+    resource = OpenAIResource(OpenAIOptions(llama_server.url))
     try:
         tok = resource.tokenizer
         vocab = Vocabulary.parse(SPECS, max_str_chars=16)
@@ -155,7 +155,7 @@ def test_every_action_decoded_by_llama_cpp_with_the_grammar_parses(llama_server)
 
 
 def test_llama_cpp_gets_the_grammar_for_a_closed_list_too(llama_server):  # noqa: F811
-    resource = OpenAIResource(llama_server.url)
+    resource = OpenAIResource(OpenAIOptions(llama_server.url))
     try:
         vocab = Vocabulary.parse(SPECS[:3])
         constraint = vocab.constraint()

@@ -155,7 +155,7 @@ def test_a_llama_cpp_server_of_the_catalog_name_is_checked_against_its_own_token
         qwen_engine, tmp_path):
     """`serve llamacpp --model NAME` serves the joined GGUF under NAME, and an OpenAI resource
     asked for NAME reads NAME's tokenizer (the health check compares it with the server's)."""
-    from csr_ros.resources.openai import OpenAIResource
+    from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
     from csr_ros.servers import free_port, llamacpp_servers
 
     pytest.importorskip("llama_cpp.server")
@@ -163,7 +163,7 @@ def test_a_llama_cpp_server_of_the_catalog_name_is_checked_against_its_own_token
                                  alias=MODEL, log_dir=tmp_path)
     server.start(timeout_s=120.0)
     try:
-        resource = OpenAIResource(server.url, model=MODEL)
+        resource = OpenAIResource(OpenAIOptions(server.url, model=MODEL))
         info = resource.check_health()
         assert info.kind == "llama.cpp" and info.model == MODEL
         probe = "[t=3.0s] battery 93%; <|im_end|> said the operator"

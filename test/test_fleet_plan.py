@@ -11,7 +11,7 @@ from csr_ros.errors import ConfigError
 from csr_ros.fleet_plan import (RUN_KEYS, RunSpec, cache_counters, hit_ratio, markdown_table,
                            merge_usage, parse_counts, plan_runs, robot_id, robot_seed,
                            robot_summary, run_summary, server_cache_delta)
-from csr_ros.resources.openai import ROUTING_KEY_HEADER, OpenAIResource
+from csr_ros.resources.openai import ROUTING_KEY_HEADER, OpenAIOptions, OpenAIResource
 from csr_ros.router import (ROUTER_POLICIES, counter_value, parse_metrics, routed_per_worker,
                             router_command, vllm_pool_server)
 
@@ -163,10 +163,10 @@ def test_vllm_prefix_cache_counters_give_a_servers_hit_ratio_over_a_run():
 
 
 def test_the_routing_key_is_robot_and_state_version_and_absent_without_a_robot():
-    plain = OpenAIResource("http://127.0.0.1:9", check_health=False)
+    plain = OpenAIResource(OpenAIOptions("http://127.0.0.1:9", check_health=False))
     assert plain.routing_key is None and plain.routing_key_for(3) is None
-    keyed = OpenAIResource("http://127.0.0.1:9", name="r2", robot_id="robot_4",
-                           check_health=False)
+    keyed = OpenAIResource(OpenAIOptions("http://127.0.0.1:9", name="r2", robot_id="robot_4",
+                                         check_health=False))
     assert keyed.routing_key == "robot_4/v0"
     keyed.load((), version=3)            # the run of version 3: its key
     assert keyed.routing_key == "robot_4/v3"
@@ -174,8 +174,8 @@ def test_the_routing_key_is_robot_and_state_version_and_absent_without_a_robot()
     keyed.load(())                       # no version given: the run's version stays
     assert keyed.routing_key == "robot_4/v3"
     # Another client of the same robot (a policy in its own process) keys version 3 the same.
-    other = OpenAIResource("http://127.0.0.1:9", name="r1", robot_id="robot_4",
-                           check_health=False)
+    other = OpenAIResource(OpenAIOptions("http://127.0.0.1:9", name="r1", robot_id="robot_4",
+                                         check_health=False))
     assert other.routing_key_for(3) == keyed.routing_key
     assert ROUTING_KEY_HEADER == "X-Session-ID"
 
@@ -183,4 +183,4 @@ def test_the_routing_key_is_robot_and_state_version_and_absent_without_a_robot()
 @pytest.mark.parametrize("bad", ["robot 1\n", " robot", "roböt"])
 def test_a_robot_id_that_cannot_travel_in_a_header_is_refused(bad):
     with pytest.raises(ConfigError, match="robot_id"):
-        OpenAIResource("http://127.0.0.1:9", robot_id=bad, check_health=False)
+        OpenAIResource(OpenAIOptions("http://127.0.0.1:9", robot_id=bad, check_health=False))

@@ -7,7 +7,7 @@ import pytest
 from csr_ros.layout import Layout
 from csr_ros.reconcile.driver import Reconciler
 from csr_ros.reconcile.machine import Phase, ReconcileConfig
-from csr_ros.resources.openai import OpenAIResource
+from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.state import CsrState
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -23,7 +23,7 @@ def observation(i: int) -> str:
 
 
 def test_two_eviction_cycles_over_two_servers_lose_no_chunk(llama_server_pair):
-    r1, r2 = (OpenAIResource(server.url, name=name, tau_mem_tokens=400)
+    r1, r2 = (OpenAIResource(OpenAIOptions(server.url, name=name, tau_mem_tokens=400))
               for server, name in zip(llama_server_pair, ("r1", "r2")))
     tokenizer = r1.tokenizer
     state = CsrState(tokenizer, Layout.from_tokenizer(tokenizer), PROFILE, mode=r1.state_mode)

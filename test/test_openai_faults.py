@@ -13,7 +13,7 @@ import pytest
 
 from csr_ros.errors import ResourceError, ResourceTimeoutError, ResourceUnavailableError
 from csr_ros.layout import Layout
-from csr_ros.resources.openai import OpenAIResource
+from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.state import CsrState
 
 pytestmark = pytest.mark.server
@@ -44,7 +44,7 @@ def no_eos(resource: OpenAIResource) -> dict:
 def test_server_killed_mid_stream_raises_a_clear_error_loses_nothing_and_recovers(
         fresh_llama_server):
     server = fresh_llama_server
-    resource = OpenAIResource(server.url, name="r1", retries=1, backoff_s=0.05)
+    resource = OpenAIResource(OpenAIOptions(server.url, name="r1", retries=1, backoff_s=0.05))
     resource.extra_body.update(no_eos(resource))
     state = robot_state(resource, 300)
     resource.load(state.static_ids, state.static_text)
@@ -73,7 +73,8 @@ def test_server_killed_mid_stream_raises_a_clear_error_loses_nothing_and_recover
 
 
 def test_a_server_slower_than_the_read_timeout_gives_a_timeout_error(fresh_llama_server):
-    resource = OpenAIResource(fresh_llama_server.url, read_timeout_s=0.05, retries=0)
+    resource = OpenAIResource(OpenAIOptions(fresh_llama_server.url, read_timeout_s=0.05,
+                                            retries=0))
     state = robot_state(resource, 1500)               # a cold prefill takes seconds here
     with pytest.raises(ResourceTimeoutError, match="did not answer in time|went silent"):
         resource.load(state.static_ids, state.static_text)
@@ -83,7 +84,7 @@ def test_a_server_slower_than_the_read_timeout_gives_a_timeout_error(fresh_llama
 
 def test_a_server_that_comes_back_within_the_retries_answers_the_call(fresh_llama_server):
     server = fresh_llama_server
-    resource = OpenAIResource(server.url, retries=6, backoff_s=0.25)
+    resource = OpenAIResource(OpenAIOptions(server.url, retries=6, backoff_s=0.25))
     state = robot_state(resource, 100)
     server.kill()
     restarter = threading.Timer(0.3, server.start)   # connection refused until it is up again
@@ -98,11 +99,11 @@ def test_a_wrong_or_missing_api_key_is_refused_with_a_clear_message(llama_server
                                                                     monkeypatch):
     monkeypatch.delenv("CSR_ROS_API_KEY", raising=False)
     with pytest.raises(ResourceUnavailableError, match="refused the API key"):
-        OpenAIResource(llama_server_with_key.url)
+        OpenAIResource(OpenAIOptions(llama_server_with_key.url))
     with pytest.raises(ResourceUnavailableError, match="refused the API key"):
-        OpenAIResource(llama_server_with_key.url, api_key="wrong")
+        OpenAIResource(OpenAIOptions(llama_server_with_key.url, api_key="wrong"))
     monkeypatch.setenv("CSR_ROS_API_KEY", "test-key")
-    with OpenAIResource(llama_server_with_key.url) as resource:
+    with OpenAIResource(OpenAIOptions(llama_server_with_key.url)) as resource:
         state = robot_state(resource, 60)
         assert resource.query(state.build_request(task="Next?"), max_new_tokens=1).ttft_s > 0
 

@@ -14,7 +14,7 @@ from csr_ros.layout import Layout
 from csr_ros.model_store import resolve_model_dir
 from csr_ros.resources.base import Resource
 from csr_ros.resources.factory import make_resource
-from csr_ros.resources.openai import OpenAIResource
+from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.resources.remote_tokenizer import RemoteTokenizer
 from csr_ros.servers import free_port
 from csr_ros.state import CsrState
@@ -57,18 +57,20 @@ def test_health_check_learns_the_server_kind_model_and_context(resource):
 def test_health_check_of_an_unreachable_server_says_what_to_do():
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ResourceUnavailableError, match=f"cannot reach {url}.*Is the server running"):
-        OpenAIResource(url)
+        OpenAIResource(OpenAIOptions(url))
 
 
 def test_health_check_refuses_a_server_that_serves_another_model(llama_server):
     with pytest.raises(ResourceUnavailableError, match=r"serves \['smollm2'\], not 'qwen3'"):
-        OpenAIResource(llama_server.url, model="qwen3")
+        OpenAIResource(OpenAIOptions(llama_server.url, model="qwen3"))
 
 
 def test_health_check_refuses_a_context_shorter_than_tau_mem_plus_headroom(llama_server):
     with pytest.raises(ResourceUnavailableError, match="context of 8192 tokens, shorter than tau_mem"):
-        OpenAIResource(llama_server.url, tau_mem_tokens=7800, headroom_tokens=1024)
-    OpenAIResource(llama_server.url, tau_mem_tokens=6000, headroom_tokens=1024).close()
+        OpenAIResource(OpenAIOptions(llama_server.url, tau_mem_tokens=7800,
+                                     headroom_tokens=1024))
+    OpenAIResource(OpenAIOptions(llama_server.url, tau_mem_tokens=6000,
+                                 headroom_tokens=1024)).close()
 
 
 def test_text_mode_static_part_tokenizes_on_the_server_exactly_as_our_ids(resource, llama_server):
@@ -84,8 +86,8 @@ def test_text_mode_static_part_tokenizes_on_the_server_exactly_as_our_ids(resour
 
 
 def test_the_server_tokenizer_can_back_the_state_and_refuses_control_token_data(llama_server):
-    local = OpenAIResource(llama_server.url)
-    remote = OpenAIResource(llama_server.url, tokenizer="server")
+    local = OpenAIResource(OpenAIOptions(llama_server.url))
+    remote = OpenAIResource(OpenAIOptions(llama_server.url, tokenizer="server"))
     try:
         a, b = robot_state(local, 120), robot_state(remote, 120)
         assert a.static_ids == b.static_ids
@@ -153,7 +155,7 @@ def test_token_ids_whose_data_spells_a_control_token_are_refused_in_text_mode(re
 
 
 def test_a_request_over_the_context_is_refused_before_it_is_sent(llama_server):
-    with OpenAIResource(llama_server.url, max_context_tokens=256) as small:
+    with OpenAIResource(OpenAIOptions(llama_server.url, max_context_tokens=256)) as small:
         state = robot_state(small, 300)
         with pytest.raises(ContextOverflowError, match="exceed the context of 256"):
             small.query(state.build_request(task=TASK), max_new_tokens=4)
@@ -162,8 +164,8 @@ def test_a_request_over_the_context_is_refused_before_it_is_sent(llama_server):
 @pytest.mark.slow
 def test_a_csr_query_at_4096_tokens_reuses_the_server_prefix_and_beats_an_unordered_one(
         llama_server, record_property):
-    with OpenAIResource(llama_server.url, name="csr") as csr, \
-            OpenAIResource(llama_server.url, name="unordered") as unordered:
+    with OpenAIResource(OpenAIOptions(llama_server.url, name="csr")) as csr, \
+            OpenAIResource(OpenAIOptions(llama_server.url, name="unordered")) as unordered:
         state = robot_state(csr, 4096)
         warm = csr.load(state.static_ids, state.static_text)
         state.add("[cam] person crossing at 3.0 m", source="cam", stamp_ns=10)

@@ -19,7 +19,8 @@ import pytest
 
 from csr_ros.errors import ResourceUnavailableError
 from csr_ros.layout import Layout
-from csr_ros.resources.openai import OpenAIResource
+from csr_ros.resources.base import Capabilities
+from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.state import CsrState
 from csr_ros.tokenizer import HFTokenizer
 
@@ -74,8 +75,8 @@ class VllmLikeServer:
 
 
 def make(server: VllmLikeServer, **options) -> OpenAIResource:
-    return OpenAIResource("http://127.0.0.1:8001", transport=httpx.MockTransport(server),
-                          **options)
+    return OpenAIResource(OpenAIOptions("http://127.0.0.1:8001", **options),
+                          transport=httpx.MockTransport(server))
 
 
 def robot_state(resource: OpenAIResource) -> CsrState:
@@ -99,6 +100,15 @@ def test_warm_up_and_catch_up_are_prefill_only_and_low_priority(tokenizer):
     assert (load["max_tokens"], load["priority"], load.get("stream")) == (1, 10, None)
     assert extend["prompt"] == list(state.static_ids) and extend["priority"] == 10
     assert "priority" not in query                   # queries keep the default, 0 (earliest)
+
+
+def test_a_server_resource_declares_log_probabilities_and_a_routing_key_with_a_robot_id(
+        tokenizer):
+    assert make(VllmLikeServer(tokenizer)).capabilities == Capabilities(echo_logprobs=True)
+    keyed = make(VllmLikeServer(tokenizer), robot_id="robot_1")
+    assert keyed.capabilities == Capabilities(echo_logprobs=True, routing_key=True)
+    keyed.load(robot_state(keyed).static_ids, version=4)
+    assert keyed.last_routing_key == keyed.routing_key == "robot_1/v4"
 
 
 def test_priority_is_not_sent_unless_the_server_schedules_by_priority(tokenizer):

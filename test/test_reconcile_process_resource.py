@@ -52,6 +52,33 @@ def test_a_process_resource_implements_the_resource_interface(resource, state):
     assert committed_length(resource) == state.n_static, "apply runs next to the resource"
 
 
+# What each capability flag promises the resource has (csr_ros/resources/base.py).
+PROMISES = {"score_choices": ("score_choices",), "capsules": ("engine",),
+            "echo_logprobs": ("info", "check_health", "prompt_of", "choice_logprobs",
+                              "echo_logprobs"),
+            "routing_key": ("routing_key", "routing_key_for", "last_routing_key"),
+            "set_threads": ("set_threads",), "background": ("set_background",),
+            "timeout": (), "worker": ("apply", "call")}
+
+
+def _declared_here(resource) -> tuple[set[str], list[str]]:
+    """The flags `resource` declares, and each promised attribute it lacks."""
+    flags = {flag for flag in PROMISES if getattr(resource.capabilities, flag)}
+    return flags, [f"{flag}: {name}" for flag in sorted(flags) for name in PROMISES[flag]
+                   if not hasattr(resource, name)]
+
+
+def test_every_capability_a_resource_declares_comes_with_what_it_promises(resource, state):
+    assert _declared_here(resource) == ({"background", "timeout", "worker"}, [])
+    # The local resource in the worker declares its own, which stay there.
+    assert resource.apply(_declared_here) == ({"score_choices", "capsules", "set_threads"}, [])
+    resource.load(state.static_ids)
+    seen: list[int] = []
+    answer = resource.query(state.build_request(task="Next action?"), max_new_tokens=3,
+                            on_token=seen.append)
+    assert seen == [answer.n_generated], "on_token once, when the answer is back"
+
+
 def test_an_error_in_the_worker_arrives_as_the_same_exception(resource, state):
     resource.load(state.static_ids[:10])
     other = CsrState(tokenizer=state.tokenizer, layout=state.layout, profile="Another robot.")

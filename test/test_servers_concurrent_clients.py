@@ -12,7 +12,7 @@ import pytest
 
 from csr_ros.actions import Vocabulary
 from csr_ros.layout import Layout
-from csr_ros.resources.openai import OpenAIResource
+from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.state import CsrState
 
 pytestmark = pytest.mark.server
@@ -30,7 +30,7 @@ def test_two_concurrent_clients_of_one_llamacpp_server_both_get_complete_decisio
 
     def client(k: int) -> None:
         try:
-            with OpenAIResource(llama_server.url) as resource:
+            with OpenAIResource(OpenAIOptions(llama_server.url)) as resource:
                 tok = resource.tokenizer
                 state = CsrState(tok, Layout.from_tokenizer(tok),
                                  f"You are robot {k}.\n" + vocab.describe(),

@@ -16,7 +16,7 @@ import pytest
 from csr_ros import cli
 from csr_ros.fleet_plan import RUN_KEYS
 from csr_ros.layout import Layout
-from csr_ros.resources.openai import OpenAIResource
+from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.router import ServerPool, vllm_router_executable
 from csr_ros.state import CsrState
 from vllm_server import BLOCK_SIZE, VLLM_REQUIRED  # vllm_pair: a conftest fixture
@@ -53,7 +53,8 @@ def test_consistent_hash_on_the_robot_key_keeps_each_robots_run_on_one_server(po
         for i in range(12):
             state.add(f"odometry {k}.{i}: x={i * 0.25:.2f} m, y={k - i * 0.1:.2f} m, "
                       f"battery {90 - i}%", source="odom")
-        with OpenAIResource(url, name="r1", robot_id=f"robot_{k}", check_health=True) as res:
+        with OpenAIResource(OpenAIOptions(url, name="r1", robot_id=f"robot_{k}",
+                                          check_health=True)) as res:
             res.load(state.static_ids)
             n_requests += 1
             for q in range(3):

@@ -19,7 +19,7 @@ from csr_ros.actions import Vocabulary
 from csr_ros.errors import ResourceUnavailableError
 from csr_ros.eval.scoring import ask, score_choices_local
 from csr_ros.layout import Layout
-from csr_ros.resources.openai import OpenAIResource
+from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.resources.remote_tokenizer import RemoteTokenizer
 from csr_ros.state import CsrState
 from vllm_server import BLOCK_SIZE, MODEL_NAME  # vllm_pair, vllm_server: conftest fixtures
@@ -50,7 +50,7 @@ def _cached_floor(n_tokens: int) -> int:
 @pytest.mark.parametrize("prompt_mode", ["tokens", "text"])
 def test_vllm_serves_the_static_prefix_from_its_cache_for_token_and_text_prompts(
         vllm_server, prompt_mode):
-    with OpenAIResource(vllm_server.url, prompt_mode=prompt_mode) as resource:
+    with OpenAIResource(OpenAIOptions(vllm_server.url, prompt_mode=prompt_mode)) as resource:
         assert resource.info.kind == "vllm" and resource.info.model == MODEL_NAME
         state = robot_state(resource, mode="text" if prompt_mode == "text" else "token")
         resource.load(state.static_ids, state.static_text)
@@ -70,8 +70,9 @@ def test_vllm_serves_the_static_prefix_from_its_cache_for_token_and_text_prompts
 
 
 def test_vllm_takes_warm_up_at_low_priority_next_to_queries(vllm_server):
-    with OpenAIResource(vllm_server.url, priority_scheduling=True) as background, \
-            OpenAIResource(vllm_server.url) as policy:
+    with OpenAIResource(OpenAIOptions(vllm_server.url,
+                                      priority_scheduling=True)) as background, \
+            OpenAIResource(OpenAIOptions(vllm_server.url)) as policy:
         state = robot_state(policy, n_chunks=120)
         errors: list[BaseException] = []
 
@@ -94,7 +95,7 @@ def test_vllm_takes_warm_up_at_low_priority_next_to_queries(vllm_server):
 
 def test_vllm_structured_outputs_give_only_parseable_actions_for_choice_grammar_and_json(
         vllm_server):
-    with OpenAIResource(vllm_server.url) as resource:
+    with OpenAIResource(OpenAIOptions(vllm_server.url)) as resource:
         vocab = Vocabulary.parse(SPECS)
         bound = vocab.bind({"objects": ["apple", "keys", "red_mug"]})
         closed = Vocabulary.parse(["wait()", "look_around()", "go_to(room: kitchen|office)"])
@@ -124,7 +125,7 @@ def test_vllm_structured_outputs_give_only_parseable_actions_for_choice_grammar_
 
 def test_vllm_scores_choices_from_its_cache_as_the_local_engine_does(vllm_server, smollm2):
     choices = ["kitchen", "living room", "hallway", "office", "the garage door"]
-    with OpenAIResource(vllm_server.url) as resource:
+    with OpenAIResource(OpenAIOptions(vllm_server.url)) as resource:
         state = robot_state(resource, n_chunks=20,
                             profile="You are a home robot. Answer with one room.")
         request = state.build_request(task="Where is the red mug? Answer with one room.")
@@ -154,7 +155,7 @@ def test_vllm_echoed_log_probabilities_of_the_converted_model_match_the_local_en
         vllm_server, smollm2):
     """The converted directory, served as it is: logits through vLLM equal the local engine's
     (a model served without its embedding gives -ln(49152) = -10.80 for every token)."""
-    with OpenAIResource(vllm_server.url) as resource:
+    with OpenAIResource(OpenAIOptions(vllm_server.url)) as resource:
         state = robot_state(resource, n_chunks=6)
         request = state.build_request(task="Next?")
         prompt = list(request.ids)
@@ -179,7 +180,7 @@ def test_vllm_remote_tokenizer_splits_text_as_the_local_one(vllm_server, tokeniz
             assert remote.encode_template(text) == tokenizer.encode_template(text)
             assert remote.decode(tokenizer.encode_template(text)) == text
         assert remote.encode_data(texts[0]) == tokenizer.encode_data(texts[0])
-    with OpenAIResource(vllm_server.url, tokenizer="server") as resource:
+    with OpenAIResource(OpenAIOptions(vllm_server.url, tokenizer="server")) as resource:
         state = robot_state(resource, n_chunks=5)
         assert resource.query(state.build_request(task="Next?"), max_new_tokens=2).token_ids
 
@@ -187,8 +188,8 @@ def test_vllm_remote_tokenizer_splits_text_as_the_local_one(vllm_server, tokeniz
 def test_vllm_server_killed_mid_stream_fails_the_query_and_serves_again_once_restarted(
         vllm_pair):
     server = vllm_pair[1]                                   # R2; restarted before returning
-    with OpenAIResource(server.url, read_timeout_s=120.0, retries=0,
-                        extra_body={"ignore_eos": True}) as resource:
+    with OpenAIResource(OpenAIOptions(server.url, read_timeout_s=120.0, retries=0,
+                                      extra_body={"ignore_eos": True})) as resource:
         state = robot_state(resource, n_chunks=5)
         request = state.build_request(task="Tell a very long story.")
         resource.query(request, max_new_tokens=2)           # warm: the next stream starts fast

@@ -65,7 +65,7 @@ class PrefixCache:
 
     def __init__(self, resource):
         self.resource = resource
-        self.local = hasattr(resource, "engine")
+        self.local = resource.capabilities.capsules
         self._prefix_ids: tuple[int, ...] = ()
         self._prefix_capsule = None
         self._last_ids: tuple[int, ...] = ()
@@ -339,7 +339,7 @@ class CsrMethod:
         assert resource.committed_ids == request.static_ids, (
             f"{resource.name} holds {resource.n_committed} tokens, the active state "
             f"{request.n_static}: the reconciler was not idle")
-        if hasattr(resource, "engine"):
+        if resource.capabilities.capsules:
             n_reused = resource.n_committed
         else:
             n_reused = max(_common_prefix(self._last_ids, request.ids), resource.n_committed)

@@ -101,7 +101,7 @@ class EvalResources:
     @property
     def backend(self) -> str | None:
         """The local engine's backend (torch or llamacpp); None over HTTP."""
-        return getattr(self.primary, "backend", None)
+        return self.primary.engine.backend if self.primary.capabilities.capsules else None
 
     @classmethod
     def local(cls, model: str = "smollm2", *, max_context_tokens: int | None = None,
@@ -125,12 +125,12 @@ class EvalResources:
     def openai(cls, urls: Sequence[str], **options) -> "EvalResources":
         """One URL: both CSR roles on one server (its cache holds what was prefilled last);
         two URLs: R1 and R2 on two servers, as deployed."""
-        from csr_ros.resources.openai import OpenAIResource
+        from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 
         if not 1 <= len(urls) <= 2:
             raise ConfigError(f"give one or two server URLs, got {len(urls)}")
-        primary = OpenAIResource(urls[0], name="openai-r1", **options)
-        secondary = OpenAIResource(urls[-1], name="openai-r2", **options)
+        primary = OpenAIResource(OpenAIOptions(urls[0], name="openai-r1", **options))
+        secondary = OpenAIResource(OpenAIOptions(urls[-1], name="openai-r2", **options))
         return cls("openai", primary, secondary, primary.tokenizer, mode=primary.state_mode)
 
     def own(self, spec: "MethodSpec") -> "EvalResources":

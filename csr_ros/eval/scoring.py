@@ -106,7 +106,7 @@ def ask(resource, request: Request, *, choices: Sequence[str] = (), tokenizer=No
         result = resource.query(request, max_new_tokens=max_new_tokens, stop=("\n",))
         return Answer(prediction=result.text.strip(), ttft_s=result.ttft_s,
                       decision_s=time.perf_counter() - started)
-    if hasattr(resource, "engine"):
+    if resource.capabilities.capsules:
         if tokenizer is None:
             raise ConfigError("scoring choices on the local engine needs the tokenizer")
         choice_ids = [list(tokenizer.encode_data(c)) for c in choices]
@@ -173,7 +173,9 @@ def openai_choice_mode(resource, requested: str = "auto") -> str:
                           f"got {requested!r}")
     if requested != "auto":
         return requested
-    info = getattr(resource, "info", None) or resource.check_health()
+    if not resource.capabilities.echo_logprobs:
+        return "generate"
+    info = resource.info or resource.check_health()
     return "logprobs" if info.kind in ("vllm", "sglang") else "generate"
 
 

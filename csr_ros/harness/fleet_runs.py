@@ -28,7 +28,7 @@ from csr_ros.errors import ResourceError, ResourceTimeoutError
 from csr_ros.fleet_plan import (RunSpec, cache_counters, markdown_table, merge_usage, robot_id,
                                 robot_seed, robot_summary, run_summary, server_cache_delta)
 from csr_ros.harness.episode_loop import run_episode
-from csr_ros.resources.openai import OpenAIResource
+from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.router import ServerPool
 
 log = logging.getLogger(__name__)
@@ -100,10 +100,9 @@ def _robot(k: int, spec: RunSpec, settings: EpisodeSettings, url: str, engine: s
     resources = []
     try:
         for name in ("r1", "r2"):
-            resources.append(OpenAIResource(url, name=name, robot_id=rid,
-                                            max_context_tokens=mine.max_context_tokens,
-                                            tau_mem_tokens=mine.tau_mem_tokens,
-                                            priority_scheduling=engine == "vllm"))
+            resources.append(OpenAIResource(OpenAIOptions(
+                url, name=name, robot_id=rid, max_context_tokens=mine.max_context_tokens,
+                tau_mem_tokens=mine.tau_mem_tokens, priority_scheduling=engine == "vllm")))
         summary = run_episode(mine, resources)
         results[k] = robot_summary(rid, seed, summary,
                                    merge_usage([r.usage_totals() for r in resources]))

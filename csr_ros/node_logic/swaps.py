@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from csr_ros.resources.base import Capabilities
+
 
 @dataclass(frozen=True)
 class OpTiming:
@@ -18,7 +20,10 @@ class OpTiming:
 
 
 class TimedResource:
-    """A Resource that records how long each load/extend took (for SwapEvent's figures)."""
+    """A Resource that records how long each load/extend took (for SwapEvent's figures).
+
+    It passes on the inner resource's routing key and background work; the inner resource's
+    other capabilities are not reachable through it."""
 
     def __init__(self, inner, ops: list, clock):
         self._inner = inner
@@ -28,8 +33,17 @@ class TimedResource:
         self.max_context_tokens = inner.max_context_tokens
 
     @property
-    def n_committed(self) -> int:
-        return self._inner.n_committed
+    def capabilities(self) -> Capabilities:
+        inner = self._inner.capabilities
+        return Capabilities(routing_key=inner.routing_key, background=inner.background)
+
+    n_committed = property(lambda self: self._inner.n_committed)
+    committed_ids = property(lambda self: self._inner.committed_ids)
+    state_mode = property(lambda self: self._inner.state_mode)
+    routing_key = property(lambda self: self._inner.routing_key)
+
+    def set_background(self, background: bool, *, few_threads: bool | None = None) -> None:
+        self._inner.set_background(background, few_threads=few_threads)
 
     def load(self, ids, text=None, **kw):
         return self._timed("load", ids, lambda: self._inner.load(ids, text, **kw))
@@ -42,9 +56,6 @@ class TimedResource:
 
     def close(self) -> None:
         self._inner.close()
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
     def _timed(self, kind, ids, call):
         started = self._clock()

@@ -71,7 +71,7 @@ class PolicyNode(Node):
             msg = ("policy: resource.kind 'local' runs the model inside the reconciler's process;"
                    " use `ros2 launch csr_ros all.launch.py` (all_in_one), or 'openai' servers")
             raise ConfigError(msg)
-        self.driver = driver
+        self.driver = driver       # the reconciler node of this process (all_in_one), or None
         self.lock = threading.Condition()      # fold, scheduler, stats, instant values
         self.scheduler = QueryScheduler(rate_hz=p["rate_hz"])
         self.started_s = time.monotonic()
@@ -372,7 +372,7 @@ class PolicyNode(Node):
     def _start_query(self, task: str, extra_suffix: str, max_new_tokens: int, *,
                      on_token: Callable[[int], None] | None = None) -> Future:
         """Under the lock, with the scheduler slot taken: build, then run on the worker.
-        `on_token` follows the answer's tokens (and may stop it; see LocalEngine.query)."""
+        `on_token` follows the answer's tokens (and may stop it; see Decoder.query)."""
         now_ns = self.get_clock().now().nanoseconds
         if self.stats.started_s is None:
             self.stats.started_s = time.monotonic()
@@ -430,8 +430,7 @@ class PolicyNode(Node):
                                     constraint=constraint, on_token=on_token)
         if not outcome.ok:
             raise CsrError(outcome.error)
-        self.last_routing_key = getattr(self.driver, "routing_key", lambda name: None)(
-            outcome.result.resource)
+        self.last_routing_key = self.driver.routing_key(outcome.result.resource)
         return self._decision(outcome.request, outcome.result, outcome.ttft_s, task, started_ns,
                               bound, max_new_tokens)
 
@@ -513,7 +512,7 @@ class PolicyNode(Node):
         capacity = None
         if self.driver is not None:
             snap = self.driver.snapshot()
-            capacity = getattr(self.driver, "capacity", lambda: None)()
+            capacity = self.driver.capacity()
         with self.lock:
             now_s = time.monotonic()
             if self.driver is not None:

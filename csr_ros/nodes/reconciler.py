@@ -344,7 +344,9 @@ class ReconcilerNode(Node):
     def routing_key(self, name: str) -> str | None:
         """The routing key resource `name` sends now (None: no robot_id, or a local one)."""
         resource = next((r for r in self.resources or [] if r.name == name), None)
-        return getattr(resource, "routing_key", None)   # TimedResource forwards the attribute
+        if resource is None or not resource.capabilities.routing_key:
+            return None
+        return resource.routing_key
 
     def active_chunks(self) -> list:
         """The chunks of the active version (for a policy node in the same process)."""

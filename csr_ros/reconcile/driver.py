@@ -4,8 +4,8 @@
     worker threads ──load / extend / query on a resource (no lock held)──▶ completion events
 
 A resource doing background work (warm-up, catch-up) is asked to yield the CPU to the
-primary's queries (`set_background`, where the backend supports it: worker processes, at a
-lower priority and on fewer threads), unless it may not finish before the context is full
+primary's queries (`set_background`, where `capabilities.background` says it can: worker
+processes, at a lower priority and on fewer threads), unless it may not finish before the context is full
 (negative headroom, or the state past halfway to the limit), when finishing in time matters
 more: then its priority comes back, its few threads stay, and the primary computes on few
 threads too until the swap (at equal priority, more threads than cores would slow the
@@ -242,10 +242,8 @@ class Reconciler:
             load_started = self.clock()
             resource.load(())
             wait_s += self.clock() - load_started
-        # Resources written before constraints and progress callbacks keep working.
-        extra = {"constraint": constraint, "on_token": on_token}
         return wait_s, resource.query(route.request, max_new_tokens=max_new_tokens, stop=stop,
-                                      **{k: v for k, v in extra.items() if v is not None})
+                                      constraint=constraint, on_token=on_token)
 
     # -- state for callers -----------------------------------------------------------------
 
@@ -375,11 +373,8 @@ class Reconciler:
     def _run_op(self, cmd: Load | Extend) -> None:
         """On the resource's worker thread: run one Load/Extend, then report it."""
         resource = self.resources[cmd.resource]
-        kwargs = {}
-        if cmd.timeout_s is not None and getattr(resource, "supports_timeout", False):
-            kwargs["timeout_s"] = cmd.timeout_s
-        if getattr(resource, "routes_by_version", False):
-            kwargs["version"] = int(cmd.version)    # its routing key behind a router
+        # The version is the routing key behind a router; a worker process enforces timeout_s.
+        kwargs = {"version": int(cmd.version), "timeout_s": cmd.timeout_s}
         reconciling = cmd.purpose in ("warm", "catchup")
         urgent = self._urgent_reconciling()
         _set_background(resource, reconciling and not urgent, few_threads=reconciling or urgent)
@@ -437,6 +432,5 @@ def _set_background(resource: Resource, background: bool, *,
     """Background work (warm-up, catch-up) yields the CPU to queries where the resource can:
     a lower priority (`background`), and fewer compute threads (`few_threads`, default:
     `background`; an urgent reconciliation gets its priority back, not more threads)."""
-    setter = getattr(resource, "set_background", None)
-    if setter is not None:
-        setter(background, few_threads=few_threads)
+    if resource.capabilities.background:
+        resource.set_background(background, few_threads=few_threads)

@@ -1,5 +1,5 @@
-"""Inference resources: one interface (`base.Resource`), several backends."""
+"""Inference resources: one interface (`base.Resource`, with `Capabilities`), several backends."""
 
-from csr_ros.resources.base import PrefillResult, QueryResult, Resource
+from csr_ros.resources.base import Capabilities, PrefillResult, QueryResult, Resource
 
-__all__ = ["PrefillResult", "QueryResult", "Resource"]
+__all__ = ["Capabilities", "PrefillResult", "QueryResult", "Resource"]

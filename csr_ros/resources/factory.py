@@ -12,15 +12,14 @@ import importlib
 from csr_ros.errors import ConfigError
 from csr_ros.resources.base import Resource
 
-BACKENDS = {
+BACKENDS = {                                   # kind -> (module, what builds it from keywords)
     "local": ("csr_ros.resources.local", "LocalResource"),
-    "openai": ("csr_ros.resources.openai", "OpenAIResource"),
+    "openai": ("csr_ros.resources.openai", "connect"),
 }
 
 
 def make_resource(kind: str, **options) -> Resource:
     if kind not in BACKENDS:
         raise ConfigError(f"unknown resource kind {kind!r}; choose one of {sorted(BACKENDS)}")
-    module_name, class_name = BACKENDS[kind]
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(**options)
+    module_name, builder = BACKENDS[kind]
+    return getattr(importlib.import_module(module_name), builder)(**options)

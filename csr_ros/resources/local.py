@@ -6,7 +6,8 @@
 
 Token mode only: the committed run is token ids; `text` arguments are accepted and ignored.
 Construction takes plain keyword values only, so a worker process can build one from pickled
-kwargs. The engine stays reachable as `.engine` for capsules (snapshot / restore / save / load).
+kwargs. The engine stays reachable as `.engine` for capsules (snapshot / restore / save / load):
+`capabilities.capsules`.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ from typing import Callable, Sequence
 from csr_ros.actions import ChoiceScores, OutputConstraint
 from csr_ros.engine.decoder import Engine, check_positive, make_engine
 from csr_ros.errors import ConfigError, StateMismatchError
-from csr_ros.resources.base import PrefillResult, QueryResult
+from csr_ros.resources.base import Capabilities, PrefillResult, QueryResult
 from csr_ros.state import Request
 
 BACKENDS = ("torch", "llamacpp", "auto")
 
 
 class LocalResource:
+    capabilities = Capabilities(score_choices=True, capsules=True, set_threads=True)
+    state_mode = "token"
+
     def __init__(self, model: str = "smollm2", *, name: str = "local", threads: int | None = None,
                  device: str = "cpu", max_context_tokens: int | None = None,
                  dtype: str | None = None, prefill_chunk_tokens: int = 512,

@@ -1,5 +1,8 @@
 """A resource behind an OpenAI-compatible completions server (vLLM first; SGLang, llama.cpp).
 
+    OpenAIResource(OpenAIOptions("http://127.0.0.1:8001", name="r1", robot_id="robot_0"))
+    make_resource("openai", url="http://127.0.0.1:8001", name="r1")      # the same
+
     load(ids)    POST /v1/completions, prompt = ids, max_tokens=1, low priority  (warm-up)
     extend(ids)  the same with prompt = committed ⊕ ids; the server's prefix cache makes it
                  cost only the new tokens                                      (catch-up)
@@ -16,10 +19,9 @@ Prompts travel as token ids where the server accepts them (vLLM, SGLang) and as 
 boundaries are chosen so that the server's tokenizer splits the whole string exactly as the
 state split it piece by piece (invariant 1).
 
-HTTP is done with httpx: one client for sync and async code, streaming responses read line by
-line, separate connect and read timeouts, connection pooling, and a maintained, typed code base.
-Only the synchronous client is used here. `trust_env=False` everywhere: a proxy variable in the
-environment must not reroute traffic meant for a server on this host.
+Its parts: `OpenAIOptions` (what it is made with, checked once), http_transport.py (requests,
+retries, streamed events), http_errors.py (a server's refusals as csr_ros errors) and
+dialects.py (what vLLM, SGLang and llama.cpp's servers each understand).
 
 Behind a router (vllm-router, a pool of servers at one URL), `robot_id` gives every completion
 a routing key, the `X-Session-ID` header: `<robot_id>/v<version>`, the CSR state version the
@@ -36,120 +38,110 @@ A header and not the body's `user` field, because the header changes nothing a s
 (the body stays byte for byte what it is without a router) and the router reads it without
 parsing the body. With robot_id "" no header is sent.
 
-Retries: only when the connection cannot be made (connect errors and connect/pool timeouts), with
-exponential backoff, because then the server provably never saw the request. A completion has no
-side effect beyond warming the server's cache, so a repeat would be harmless to the state, but a
-query that failed mid-way is late already: it is reported (ResourceUnavailableError /
-ResourceTimeoutError) and the caller decides. Nothing in the caller's CsrState depends on a
-resource call succeeding.
+Nothing in the caller's CsrState depends on a resource call succeeding: a completion has no
+side effect beyond warming the server's cache.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import httpx
 
 from csr_ros.actions import OutputConstraint
-from csr_ros.errors import (ConfigError, ContextOverflowError, CsrError, ResourceError,
-                            ResourceTimeoutError, ResourceUnavailableError, StateMismatchError)
-from csr_ros.resources.base import PrefillResult, QueryResult
+from csr_ros.errors import (ConfigError, ContextOverflowError, ResourceError,
+                            ResourceUnavailableError, StateMismatchError)
+from csr_ros.resources import dialects
+from csr_ros.resources.base import Capabilities, PrefillResult, QueryResult
+from csr_ros.resources.dialects import DIALECTS, STRUCTURED_APIS, Dialect, ServerInfo
+from csr_ros.resources.http_transport import HttpTransport
 from csr_ros.state import Request
 from csr_ros.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-# httpx logs every request at INFO; at 2 Hz and more that buries everything else.
-logging.getLogger("httpx").setLevel(logging.WARNING)
 
 DEFAULT_URL = "http://127.0.0.1:8001"
-API_KEY_ENV = "CSR_ROS_API_KEY"
 PROMPT_MODES = ("auto", "tokens", "text")
 TOKENIZER_CHOICES = ("local", "server")
 ROUTING_KEY_HEADER = "X-Session-ID"            # vllm-router consistent_hash: first key it reads
-TOKEN_PROMPT_SERVERS = ("vllm", "sglang")      # servers known to accept token-id prompts
-# How an output constraint travels (docs/openai_and_vllm.md): vLLM >= 0.10.2 reads
-# `structured_outputs` {choice | json | grammar}, older vLLM `guided_choice` / `guided_json` /
-# `guided_grammar` (removed in 0.12, and silently ignored there); llama.cpp's server `grammar`.
-STRUCTURED_APIS = ("auto", "structured_outputs", "guided", "grammar", "none")
-VLLM_STRUCTURED_OUTPUTS_SINCE = (0, 10, 2)
 DEFAULT_CONTEXT_TOKENS = 8192                  # assumed when the server does not say
 FINISH_REASONS = ("stop", "length")            # any other end of a stream is a server error
-MAX_LOGPROB_TOKEN_IDS = 128                    # vLLM's bound on logprob_token_ids per request
 # A string with template tokens, digits, units and non-ASCII text: two tokenizers that agree
 # on it are the same tokenizer for every practical purpose here.
 _TOKENIZER_PROBE = "<|im_start|>system\nCSR probe: v=0.25 m/s, 12 Hz, ünïcode ✓ 中文\n<|im_end|>\n"
 
 
 @dataclass(frozen=True)
-class ServerInfo:
-    kind: str                      # "vllm" | "sglang" | "llama.cpp" | "openai" (unknown)
-    model: str                     # the model id requests are sent for
-    models: tuple[str, ...]        # every id the server lists
-    context_tokens: int | None     # the server's context maximum, when it reports one
-    version: str | None = None     # vLLM's GET /version, when it answers
+class OpenAIOptions:
+    """How an OpenAIResource talks to its server; checked when made (ConfigError)."""
 
+    url: str = DEFAULT_URL
+    name: str = "openai"
+    model: str | None = None               # the served model id (None: the one it serves)
+    api_key: str | None = None             # None: $CSR_ROS_API_KEY
+    prompt_mode: str = "auto"              # PROMPT_MODES; auto: ids where the server takes them
+    tokenizer: str | Tokenizer = "local"   # "local" files, the "server"'s own, or a Tokenizer
+    model_dir: str | Path | None = None    # the local tokenizer's files (None: by model name)
+    max_context_tokens: int | None = None  # None: what the server reports
+    tau_mem_tokens: int | None = None      # with headroom_tokens: the context the server needs
+    headroom_tokens: int = 1024
+    priority_scheduling: bool = False      # send warm-ups with `priority` (vLLM)
+    prefill_priority: int = 10             # larger = later
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 300.0
+    retries: int = 2                       # only while no connection could be made
+    backoff_s: float = 0.5
+    temperature: float = 0.0
+    seed: int | None = 0
+    extra_body: dict = field(default_factory=dict)   # merged into every completion request
+    structured_api: str = "auto"           # dialects.STRUCTURED_APIS
+    robot_id: str = ""                     # "": no routing key
+    check_health: bool = True              # ask the server when made (else at the first call)
 
-class OpenAIResource:
-    """`make_resource("openai", url=..., **options)`; see the module docstring."""
-
-    def __init__(self, url: str = DEFAULT_URL, *, name: str = "openai", model: str | None = None,
-                 api_key: str | None = None, prompt_mode: str = "auto",
-                 tokenizer: str | Tokenizer = "local", model_dir: str | Path | None = None,
-                 max_context_tokens: int | None = None, tau_mem_tokens: int | None = None,
-                 headroom_tokens: int = 1024, priority_scheduling: bool = False,
-                 prefill_priority: int = 10, connect_timeout_s: float = 5.0,
-                 read_timeout_s: float = 300.0, retries: int = 2, backoff_s: float = 0.5,
-                 temperature: float = 0.0, seed: int | None = 0, extra_body: dict | None = None,
-                 structured_api: str = "auto", robot_id: str = "",
-                 check_health: bool = True, transport: httpx.BaseTransport | None = None):
-        if prompt_mode not in PROMPT_MODES:
-            raise ConfigError(f"prompt_mode must be one of {PROMPT_MODES}, got {prompt_mode!r}")
-        if isinstance(tokenizer, str) and tokenizer not in TOKENIZER_CHOICES:
+    def __post_init__(self):
+        if self.prompt_mode not in PROMPT_MODES:
+            raise ConfigError(f"prompt_mode must be one of {PROMPT_MODES}, "
+                              f"got {self.prompt_mode!r}")
+        if isinstance(self.tokenizer, str) and self.tokenizer not in TOKENIZER_CHOICES:
             raise ConfigError(f"tokenizer must be one of {TOKENIZER_CHOICES} or a Tokenizer, "
-                              f"got {tokenizer!r}")
-        if structured_api not in STRUCTURED_APIS:
+                              f"got {self.tokenizer!r}")
+        if self.structured_api not in STRUCTURED_APIS:
             raise ConfigError(f"structured_api must be one of {STRUCTURED_APIS}, "
-                              f"got {structured_api!r}")
-        if retries < 0 or backoff_s < 0 or headroom_tokens < 0:
+                              f"got {self.structured_api!r}")
+        if self.retries < 0 or self.backoff_s < 0 or self.headroom_tokens < 0:
             raise ConfigError("retries, backoff_s and headroom_tokens must be >= 0")
+        robot_id = self.robot_id
         if not isinstance(robot_id, str) or robot_id != robot_id.strip() or \
                 any(not (ch.isascii() and ch.isprintable()) for ch in robot_id):
             raise ConfigError(f"robot_id must be printable ASCII without surrounding spaces "
                               f"(it travels in an HTTP header), got {robot_id!r}")
-        self.robot_id = robot_id
+
+
+class OpenAIResource:
+    """One server's resource; see the module docstring. `transport`: httpx's, for tests."""
+
+    def __init__(self, options: OpenAIOptions, *, transport: httpx.BaseTransport | None = None):
+        self.options = options
+        self.name, self.robot_id = options.name, options.robot_id
+        self.model = options.model                  # the server's, once asked
+        self.max_context_tokens = options.max_context_tokens or DEFAULT_CONTEXT_TOKENS
+        self.extra_body = dict(options.extra_body)  # a caller may change it between requests
+        self.http = HttpTransport(options.url, name=options.name, api_key=options.api_key,
+                                  connect_timeout_s=options.connect_timeout_s,
+                                  read_timeout_s=options.read_timeout_s,
+                                  retries=options.retries, backoff_s=options.backoff_s,
+                                  transport=transport)
+        self.url = self.http.url
         self._routing_version = 0                   # the version the committed run belongs to
         self.last_routing_key: str | None = None    # what the last request was sent with
-        self.url = url.rstrip("/")
-        self.name = name
-        self.model = model
-        self.tau_mem_tokens = tau_mem_tokens
-        self.headroom_tokens = headroom_tokens
-        self.priority_scheduling = priority_scheduling
-        self.prefill_priority = prefill_priority
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.temperature = temperature
-        self.seed = seed
-        self.extra_body = dict(extra_body or {})       # merged into every completion request
-        self.structured_api = structured_api
-        self._configured_context = max_context_tokens
-        self.max_context_tokens = max_context_tokens or DEFAULT_CONTEXT_TOKENS
-        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
-        self._api_key = api_key
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=self._timeout,
-                                    trust_env=False, transport=transport)
-        self._tokenizer_choice = tokenizer
-        self._model_dir = model_dir
+        tokenizer = options.tokenizer
         self._tokenizer: Tokenizer | None = tokenizer if not isinstance(tokenizer, str) else None
+        self._remote_tokenizer = None               # the server's, made here: closed here
         self._lock = threading.RLock()
         self._committed_ids: tuple[int, ...] = ()
         self._committed_text: str | None = ""
@@ -161,8 +153,10 @@ class OpenAIResource:
         self._usage = {kind: {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
                               "without_usage": 0} for kind in ("queries", "prefills")}
         self.info: ServerInfo | None = None
-        self.prompt_mode: str | None = None if prompt_mode == "auto" else prompt_mode
-        if check_health:
+        self.dialect: Dialect | None = None
+        self.prompt_mode: str | None = (None if options.prompt_mode == "auto"
+                                        else options.prompt_mode)
+        if options.check_health:
             self.check_health()
 
     # -- what callers read -----------------------------------------------------------------
@@ -194,8 +188,9 @@ class OpenAIResource:
         tally["prompt_tokens"] += int(usage["prompt_tokens"])
         tally["cached_tokens"] += int(details["cached_tokens"])
 
-    # Resources that take `version=` in load()/extend() (the reconcile driver asks for this).
-    routes_by_version = True
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(echo_logprobs=True, routing_key=bool(self.robot_id))
 
     @property
     def routing_key(self) -> str | None:
@@ -217,12 +212,12 @@ class OpenAIResource:
     def tokenizer(self) -> Tokenizer:
         """The tokenizer to build the CsrState with (local files, or the server's own)."""
         if self._tokenizer is None:
-            if self._tokenizer_choice == "server":
+            if self.options.tokenizer == "server":
                 from csr_ros.resources.remote_tokenizer import RemoteTokenizer
 
-                self._tokenizer = RemoteTokenizer(self.url, model=self.model,
-                                                  model_dir=self._metadata_dir(),
-                                                  api_key=self._api_key)
+                self._tokenizer = self._remote_tokenizer = RemoteTokenizer(
+                    self.url, model=self.model, model_dir=self._metadata_dir(),
+                    api_key=self.http.api_key)
             else:
                 from csr_ros.tokenizer import HFTokenizer
 
@@ -236,19 +231,11 @@ class OpenAIResource:
 
         Raises ResourceUnavailableError with what is wrong and what to do about it.
         """
-        models = self._get_json("/v1/models", what="list the served models")
+        models = self.http.get_json("/v1/models", what="list the served models")
         entries = [m for m in models.get("data", []) if isinstance(m, dict)]
         ids = tuple(str(m.get("id")) for m in entries)
-        owners = {str(m.get("owned_by", "")) for m in entries}
-        props = self._get_json("/props", what="read /props", missing_ok=True)
-        if "vllm" in owners:
-            kind = "vllm"
-        elif "sglang" in owners:
-            kind = "sglang"
-        elif props is not None and "default_generation_settings" in props:
-            kind = "llama.cpp"
-        else:
-            kind = "openai"
+        props = self.http.get_json("/props", what="read /props", missing_ok=True)
+        kind = dialects.server_kind({str(m.get("owned_by", "")) for m in entries}, props)
         if self.model is not None and self.model not in ids:
             msg = (f"{self.url} serves {list(ids)}, not {self.model!r}: wrong server or port, "
                    "or pass model= with one of those ids")
@@ -258,27 +245,30 @@ class OpenAIResource:
                 msg = f"{self.url} serves {list(ids) or 'no model'}; pass model= to choose one"
                 raise ResourceUnavailableError(msg)
             self.model = ids[0]
-        context = _server_context_tokens(entries, self.model, props)
+        context = dialects.server_context_tokens(entries, self.model, props)
+        configured = self.options.max_context_tokens
         if context is not None:
-            self.max_context_tokens = min(context, self._configured_context or context)
-        elif self._configured_context is None:
+            self.max_context_tokens = min(context, configured or context)
+        elif configured is None:
             log.warning("%s does not report its context size; assuming %d tokens "
                         "(pass max_context_tokens= to say)", self.url, self.max_context_tokens)
-        if self.tau_mem_tokens is not None:
-            needed = self.tau_mem_tokens + self.headroom_tokens
+        tau_mem, headroom = self.options.tau_mem_tokens, self.options.headroom_tokens
+        if tau_mem is not None:
+            needed = tau_mem + headroom
             if needed > self.max_context_tokens:
                 msg = (f"{self.url} has a context of {self.max_context_tokens} tokens, shorter "
-                       f"than tau_mem + headroom = {self.tau_mem_tokens} + "
-                       f"{self.headroom_tokens} = {needed}: start the server with a longer "
+                       f"than tau_mem + headroom = {tau_mem} + {headroom} = {needed}: "
+                       "start the server with a longer "
                        "context (vLLM --max-model-len, llama.cpp n_ctx) or lower tau_mem")
                 raise ResourceUnavailableError(msg)
         version = None
         if kind == "vllm":
-            answer = self._get_json("/version", what="read /version", missing_ok=True)
+            answer = self.http.get_json("/version", what="read /version", missing_ok=True)
             version = str(answer.get("version")) if isinstance(answer, dict) and \
                 answer.get("version") else None
         self.info = ServerInfo(kind=kind, model=self.model, models=ids, context_tokens=context,
                                version=version)
+        self.dialect = DIALECTS[kind]
         self._check_tokenizer_agrees()
         log.info("%s: %s at %s serves %s, context %s, prompts as %s", self.name, kind, self.url,
                  self.model, context, self._resolved_prompt_mode())
@@ -286,13 +276,13 @@ class OpenAIResource:
 
     def _check_tokenizer_agrees(self) -> None:
         """A local tokenizer must split text as the server does, or prefixes never match."""
-        if self._tokenizer_choice == "server":
+        if self.options.tokenizer == "server":
             return
         from csr_ros.resources.remote_tokenizer import RemoteTokenizer
 
         try:
             remote = RemoteTokenizer(self.url, model=self.model, special_tokens=(),
-                                     client=self._client)
+                                     client=self.http.client)
             server_ids = remote.encode_template(_TOKENIZER_PROBE)
         except (ConfigError, ResourceError) as exc:
             log.debug("%s: cannot compare tokenizers (%s)", self.url, exc)
@@ -306,10 +296,11 @@ class OpenAIResource:
 
     # -- warm-up and catch-up (prefill only) -------------------------------------------------
 
-    def load(self, ids: Sequence[int], text: str | None = None, *,
-             version: int | None = None) -> PrefillResult:
+    def load(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
+             timeout_s: float | None = None) -> PrefillResult:
         """Replace the committed run: prefill `ids` (or `text`, in text mode), decode nothing.
-        `version`: the state version of the run (its routing key behind a router)."""
+        `version`: the state version of the run (its routing key behind a router). The
+        transport's read timeout bounds the call; `timeout_s` is not enforced."""
         ids = tuple(ids)
         with self._lock:
             if version is not None:
@@ -322,8 +313,8 @@ class OpenAIResource:
             self._committed_ids, self._committed_text = ids, text
             return PrefillResult(n_tokens=len(ids), seconds=seconds, n_committed=len(ids))
 
-    def extend(self, ids: Sequence[int], text: str | None = None, *,
-               version: int | None = None) -> PrefillResult:
+    def extend(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
+               timeout_s: float | None = None) -> PrefillResult:
         """Append to the committed run. The whole run is sent; the server reuses its prefix."""
         ids = tuple(ids)
         with self._lock:
@@ -342,8 +333,8 @@ class OpenAIResource:
         self._ensure_checked()
         self._check_fits(len(ids) + 1)
         body = self._body(list(ids) if text is None else text, max_tokens=1, stop=())
-        if self.priority_scheduling:
-            body["priority"] = self.prefill_priority      # larger = later (vLLM)
+        if self.options.priority_scheduling:
+            body["priority"] = self.options.prefill_priority      # larger = later (vLLM)
         started = time.monotonic()
         payload = self._complete(body)
         seconds = time.monotonic() - started
@@ -354,10 +345,11 @@ class OpenAIResource:
 
     def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
               constraint: OutputConstraint | None = None,
-              on_token: Callable[[int], None] | None = None) -> QueryResult:
+              on_token: Callable[[int], None] | None = None,
+              timeout_s: float | None = None) -> QueryResult:
         """`on_token(n)`: called with the answer's tokens so far after each streamed piece;
         what it raises (e.g. QueryCancelledError) closes the stream at once (vLLM aborts a
-        request whose client went away)."""
+        request whose client went away). `timeout_s` is not enforced (as in `load`)."""
         with self._lock:
             self._ensure_checked()
             n_extended = self._n_extended(request)
@@ -381,7 +373,7 @@ class OpenAIResource:
             response = self._send(body, stream=True,
                                   key=self.routing_key_for(request.version))
             try:
-                for event in self._events(response, n_received=lambda: len(pieces)):
+                for event in self.http.events(response, n_received=lambda: len(pieces)):
                     usage = event.get("usage") or usage
                     for choice in event.get("choices") or ():
                         if first_token_at is None:
@@ -445,17 +437,17 @@ class OpenAIResource:
             raise ConfigError("choices must be non-empty strings")
         with self._lock:
             self._ensure_checked()
-            if self.info.kind != "vllm" or isinstance(prompt, str):
+            if not self.dialect.choice_token_ids or isinstance(prompt, str):
                 return [self.echo_logprobs(prompt, c) for c in choices]
             tails = [list(self.tokenizer.encode_data(c)) for c in choices]
             if any(not t for t in tails):
                 raise ConfigError("a choice tokenizes to nothing; choices must be non-empty text")
-            prefixes = choice_prefixes(tails)
+            prefixes = dialects.choice_prefixes(tails)
             wanted = sorted({t[len(p)] for t in tails for p in prefixes
                              if tuple(t[:len(p)]) == p and len(t) > len(p)})
-            if len(wanted) > MAX_LOGPROB_TOKEN_IDS:
+            if len(wanted) > dialects.MAX_LOGPROB_TOKEN_IDS:
                 raise ConfigError(f"the choices need {len(wanted)} distinct next tokens; vLLM "
-                                  f"scores at most {MAX_LOGPROB_TOKEN_IDS} per request")
+                                  f"scores at most {dialects.MAX_LOGPROB_TOKEN_IDS} per request")
             prompts = [list(prompt) + list(p) for p in prefixes]
             self._check_fits(max(len(q) for q in prompts) + 1)
             body = self._body(prompts, max_tokens=1, stop=())
@@ -522,10 +514,9 @@ class OpenAIResource:
         return [float(v) for v in picked]
 
     def close(self) -> None:
-        close = getattr(self._tokenizer, "close", None)
-        if close is not None:
-            close()
-        self._client.close()
+        if self._remote_tokenizer is not None:
+            self._remote_tokenizer.close()
+        self.http.close()
 
     def __enter__(self) -> "OpenAIResource":
         return self
@@ -541,23 +532,9 @@ class OpenAIResource:
         Empty when the server is not known to honour any (an unknown OpenAI-compatible server):
         the answer is then parsed like free text and counted invalid if it does not parse.
         """
-        api = self._structured_api()
-        if api == "structured_outputs":
-            if constraint.kind == "choice":
-                return {"structured_outputs": {"choice": list(constraint.choices)}}
-            if constraint.kind == "json":
-                return {"structured_outputs": {"json": constraint.json_schema}}
-            return {"structured_outputs": {"grammar": constraint.grammar}}
-        if api == "guided":
-            if constraint.kind == "choice":
-                return {"guided_choice": list(constraint.choices)}
-            if constraint.kind == "json":
-                return {"guided_json": constraint.json_schema}
-            return {"guided_grammar": constraint.grammar}
-        if api == "grammar":
-            # llama-cpp-python's completions take a GBNF grammar only; the vocabulary's grammar
-            # allows exactly its choices (and parses like the JSON form's decisions).
-            return {"grammar": constraint.grammar}
+        fields = dialects.structured_fields(self._structured_api(), constraint)
+        if fields:
+            return fields
         if not self._structured_warned:
             log.warning("%s: %s is not known to constrain its output; decisions are parsed "
                         "as free text", self.name, self.url)
@@ -565,22 +542,15 @@ class OpenAIResource:
         return {}
 
     def _structured_api(self) -> str:
-        if self.structured_api != "auto":
-            return self.structured_api
+        if self.options.structured_api != "auto":
+            return self.options.structured_api
         self._ensure_checked()
-        if self.info.kind == "llama.cpp":
-            return "grammar"
-        if self.info.kind == "vllm":
-            version = _version_tuple(self.info.version)
-            if version is not None and version < VLLM_STRUCTURED_OUTPUTS_SINCE:
-                return "guided"
-            return "structured_outputs"
-        return "none"
+        return self.dialect.structured_api(self.info.version)
 
     def _resolved_prompt_mode(self) -> str:
         if self.prompt_mode is None:
             self._ensure_checked()
-            self.prompt_mode = "tokens" if self.info.kind in TOKEN_PROMPT_SERVERS else "text"
+            self.prompt_mode = "tokens" if self.dialect.token_prompts else "text"
         return self.prompt_mode
 
     def _text_of(self, ids: Sequence[int], text: str | None) -> str | None:
@@ -618,11 +588,11 @@ class OpenAIResource:
 
     def _body(self, prompt: list[int] | str, *, max_tokens: int, stop: Sequence[str]) -> dict:
         body = {"model": self.model, "prompt": prompt, "max_tokens": int(max_tokens),
-                "temperature": self.temperature, "stop": list(stop)}
-        if self.seed is not None:
-            body["seed"] = self.seed
-        if self.info is not None and self.info.kind == "vllm":
-            body["return_token_ids"] = True                 # vLLM-only: generated ids per chunk
+                "temperature": self.options.temperature, "stop": list(stop)}
+        if self.options.seed is not None:
+            body["seed"] = self.options.seed
+        if self.dialect is not None and self.dialect.returns_token_ids:
+            body["return_token_ids"] = True                 # generated ids per streamed piece
         body.update(self.extra_body)
         return body
 
@@ -645,8 +615,8 @@ class OpenAIResource:
             self.check_health()
 
     def _metadata_dir(self) -> Path:
-        if self._model_dir is not None:
-            return Path(self._model_dir)
+        if self.options.model_dir is not None:
+            return Path(self.options.model_dir)
         from csr_ros.model_catalog import catalog_model
         from csr_ros.model_store import resolve_model_dir
 
@@ -657,170 +627,19 @@ class OpenAIResource:
     # -- HTTP --------------------------------------------------------------------------------
 
     def _complete(self, body: dict) -> dict:
-        """A non-streamed completion's JSON body; an error the server put in it is raised."""
-        response = self._send(body, stream=False)
-        try:
-            payload = _json(response, self.url)
-        finally:
-            response.close()
-        if "error" in payload:
-            raise _error_from_body(payload, self.url)
-        return payload
+        """A non-streamed completion's JSON body, sent with the committed run's routing key."""
+        return self.http.complete("/v1/completions", body, headers=self._routed(None))
 
     def _send(self, body: dict, *, stream: bool, key: str | None = None) -> httpx.Response:
-        """POST /v1/completions; retried only while no connection could be made. `key`: the
-        routing key (default: the committed run's)."""
+        """POST /v1/completions with the routing key `key` (default: the committed run's)."""
+        return self.http.post("/v1/completions", body, stream=stream, headers=self._routed(key))
+
+    def _routed(self, key: str | None) -> dict | None:
         key = self.routing_key if key is None else key
         self.last_routing_key = key
-        headers = {ROUTING_KEY_HEADER: key} if key is not None else None
-        request = self._client.build_request("POST", "/v1/completions", json=body,
-                                             headers=headers)
-        for attempt in range(self.retries + 1):
-            try:
-                response = self._client.send(request, stream=stream)
-                break
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                if attempt == self.retries:
-                    msg = (f"{self.name}: cannot reach {self.url} after {attempt + 1} attempts "
-                           f"({type(exc).__name__}: {exc})")
-                    raise ResourceUnavailableError(msg) from None
-                delay_s = self.backoff_s * 2 ** attempt
-                log.warning("%s: %s unreachable (%s); retrying in %.1f s", self.name, self.url,
-                            type(exc).__name__, delay_s)
-                time.sleep(delay_s)
-            except httpx.TimeoutException as exc:
-                raise ResourceTimeoutError(f"{self.name}: {self.url} did not answer in time "
-                                           f"({type(exc).__name__})") from None
-            except httpx.HTTPError as exc:
-                msg = f"{self.name}: request to {self.url} failed ({type(exc).__name__}: {exc})"
-                raise ResourceUnavailableError(msg) from None
-        if response.status_code != 200:
-            try:
-                detail = response.read().decode("utf-8", errors="replace")
-            finally:
-                response.close()
-            raise _error_from_status(response.status_code, detail, self.url)
-        return response
-
-    def _events(self, response: httpx.Response, *, n_received) -> Iterator[dict]:
-        """Server-sent events of one streamed completion, until `data: [DONE]`."""
-        try:
-            for line in response.iter_lines():
-                if not line.startswith("data:"):
-                    continue                      # blank separators, ": ping" comments
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    return
-                event = json.loads(data)
-                if "error" in event:
-                    raise _error_from_body(event, self.url)
-                yield event
-        except httpx.TimeoutException:
-            msg = (f"{self.name}: {self.url} went silent mid-stream after {n_received()} "
-                   "streamed pieces")
-            raise ResourceTimeoutError(msg) from None
-        except httpx.HTTPError as exc:
-            msg = (f"{self.name}: the stream from {self.url} broke after {n_received()} "
-                   f"streamed pieces ({type(exc).__name__}: {exc}); the server may have died")
-            raise ResourceUnavailableError(msg) from None
-        except json.JSONDecodeError as exc:
-            raise ResourceError(f"{self.name}: {self.url} sent a malformed event: {exc}") from None
-        msg = f"{self.name}: the stream from {self.url} ended without [DONE]"
-        raise ResourceUnavailableError(msg)
-
-    def _get_json(self, path: str, *, what: str, missing_ok: bool = False) -> dict | None:
-        try:
-            response = self._client.get(path)
-        except httpx.TimeoutException as exc:
-            raise ResourceTimeoutError(f"{self.url}{path}: no answer in time ({exc})") from None
-        except httpx.HTTPError as exc:
-            msg = (f"{self.name}: cannot reach {self.url} to {what} ({type(exc).__name__}: "
-                   f"{exc}). Is the server running? On this machine: "
-                   "`csr-ros serve llamacpp --port 8001`; on a GPU server: "
-                   "`csr-ros serve vllm --config config/vllm.yaml`")
-            raise ResourceUnavailableError(msg) from None
-        if response.status_code in (401, 403):
-            msg = (f"{self.url} refused the API key (HTTP {response.status_code}): "
-                   f"set api_key= or ${API_KEY_ENV}")
-            raise ResourceUnavailableError(msg)
-        if response.status_code != 200:
-            if missing_ok:
-                return None
-            raise _error_from_status(response.status_code, response.text, self.url)
-        try:
-            return response.json()
-        except json.JSONDecodeError:
-            if missing_ok:
-                return None
-            raise ResourceUnavailableError(f"{self.url}{path} did not answer JSON") from None
+        return {ROUTING_KEY_HEADER: key} if key is not None else None
 
 
-def choice_prefixes(tails: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
-    """The distinct proper prefixes of the token sequences (the empty one first), in order:
-    the points at which the next token of some choice must be scored."""
-    seen: dict[tuple[int, ...], None] = {}
-    for tail in tails:
-        for i in range(len(tail)):
-            seen.setdefault(tuple(tail[:i]), None)
-    return list(seen)
-
-
-def _version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """"0.10.2" / "0.11.0rc1" / "0.9.1+cu126" → (0, 10, 2) / (0, 11, 0) / (0, 9, 1)."""
-    if not version:
-        return None
-    parts = []
-    for piece in version.split("+")[0].split(".")[:3]:
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            return None
-        parts.append(int(digits))
-    return tuple(parts) if parts else None
-
-
-def _server_context_tokens(entries: list[dict], model: str, props: dict | None) -> int | None:
-    """vLLM lists max_model_len per model; llama.cpp servers say n_ctx in /props."""
-    for entry in entries:
-        if entry.get("id") == model and isinstance(entry.get("max_model_len"), int):
-            return entry["max_model_len"]
-    if props:
-        n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
-        if isinstance(n_ctx, int) and n_ctx > 0:
-            return n_ctx
-    return None
-
-
-def _json(response: httpx.Response, url: str) -> dict:
-    try:
-        return json.loads(response.read())
-    except httpx.TimeoutException:
-        raise ResourceTimeoutError(f"{url} did not finish the answer in time") from None
-    except httpx.HTTPError as exc:
-        raise ResourceUnavailableError(f"the answer from {url} broke off ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ResourceError(f"{url} answered something that is not JSON: {exc}") from None
-
-
-def _error_from_status(status: int, detail: str, url: str) -> CsrError:
-    detail = detail.strip()[:500]
-    if "context" in detail.lower() and ("length" in detail.lower() or "window" in detail.lower()):
-        return ContextOverflowError(f"{url} refused the prompt as too long: {detail}")
-    if status in (401, 403):
-        return ResourceUnavailableError(f"{url} refused the API key (HTTP {status}): set "
-                                        f"api_key= or ${API_KEY_ENV}")
-    if status == 404:
-        return ResourceUnavailableError(f"{url}: not found (HTTP 404; wrong model or not an "
-                                        f"OpenAI-compatible server): {detail}")
-    if status >= 500:
-        return ResourceUnavailableError(f"{url} failed (HTTP {status}): {detail}")
-    return ResourceError(f"{url} rejected the request (HTTP {status}): {detail}")
-
-
-def _error_from_body(payload: dict, url: str) -> CsrError:
-    error = payload.get("error")
-    detail = error.get("message", str(error)) if isinstance(error, dict) else str(error)
-    return _error_from_status(400, detail, url)
+def connect(**options) -> OpenAIResource:
+    """`make_resource("openai", **options)`: the options from keywords, then the resource."""
+    return OpenAIResource(OpenAIOptions(**options))

@@ -7,8 +7,8 @@ The child is started with multiprocessing's 'spawn' method and builds the resour
 answered with the result or the exception. Two local engines in two processes compute truly in
 parallel, each on its own core, and one that crashes takes nothing else with it.
 
-`set_background(True)` lowers the child's CPU priority (`background_nice`, default 10) while it does background work
-(a warm-up or catch-up) so that the primary's queries win the CPU when the machine is
+`set_background(True)` lowers the child's CPU priority (`background_nice`, default 10) while it
+does background work (a warm-up or catch-up) so that the primary's queries win the CPU when the machine is
 oversubscribed; `set_background(False)` restores it (raising priority back needs the right to
 do so; without it the child stays low and a warning says so once). With `background_threads`
 (and `threads`), background work also runs on that many compute threads and foreground work on
@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 from csr_ros.errors import (ConfigError, ResourceError, ResourceTimeoutError,
                              ResourceUnavailableError)
-from csr_ros.resources.base import PrefillResult, QueryResult
+from csr_ros.resources.base import Capabilities, PrefillResult, QueryResult
 from csr_ros.state import Request
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,8 @@ _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS
 
 
 class ProcessResource:
-    supports_timeout = True
+    # The child's own capabilities stay in the child: reach them with `call` or `apply`.
+    capabilities = Capabilities(background=True, timeout=True, worker=True)
 
     def __init__(self, kind: str, *, name: str | None = None, start_timeout_s: float = 600.0,
                  background_nice: int = 10, background_threads: int | None = None,
@@ -76,6 +77,10 @@ class ProcessResource:
         return tuple(self.call("committed_ids"))
 
     @property
+    def state_mode(self) -> str:
+        return self._state_mode
+
+    @property
     def pid(self) -> int | None:
         return None if self._process is None else self._process.pid
 
@@ -83,23 +88,30 @@ class ProcessResource:
     def alive(self) -> bool:
         return self._process is not None and self._process.is_alive()
 
-    def load(self, ids: Sequence[int], text: str | None = None, *,
+    def load(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
              timeout_s: float | None = None) -> PrefillResult:
         with self._lock:
             if not self.alive:
                 log.warning("resource %s: worker process is gone; starting a new one", self.name)
                 self._spawn_locked()
                 self.restarts += 1
-            return self._call_locked("load", (tuple(ids), text), {}, timeout_s)
+            return self._call_locked("load", (tuple(ids), text), {"version": version},
+                                     timeout_s)
 
-    def extend(self, ids: Sequence[int], text: str | None = None, *,
+    def extend(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
                timeout_s: float | None = None) -> PrefillResult:
-        return self.call("extend", tuple(ids), text, timeout_s=timeout_s)
+        return self.call("extend", tuple(ids), text, version=version, timeout_s=timeout_s)
 
     def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
-              constraint=None, timeout_s: float | None = None) -> QueryResult:
-        return self.call("query", request, max_new_tokens=max_new_tokens, stop=tuple(stop),
-                         constraint=constraint, timeout_s=timeout_s)
+              constraint=None, on_token: Callable[[int], None] | None = None,
+              timeout_s: float | None = None) -> QueryResult:
+        """`on_token` stays in this process: it is called once, with the answer's tokens,
+        when the answer is back (as for a closed choice); the decode cannot be stopped."""
+        result = self.call("query", request, max_new_tokens=max_new_tokens, stop=tuple(stop),
+                           constraint=constraint, timeout_s=timeout_s)
+        if on_token is not None:
+            on_token(result.n_generated)
+        return result
 
     def call(self, path: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         """Call (or read) `path` on the child's resource, e.g. `call("engine.snapshot")`."""
@@ -216,6 +228,7 @@ class ProcessResource:
             self.kill()
             raise _as_exception(payload)
         self.max_context_tokens = payload["max_context_tokens"]
+        self._state_mode = payload["state_mode"]
         log.info("resource %s (%s) ready in worker process %d", self.name, self.kind, process.pid)
         self._restore_wanted_locked()
 
@@ -294,7 +307,8 @@ def _child_main(conn, kind: str, options: dict) -> None:
         from csr_ros.resources.factory import make_resource
 
         resource = make_resource(kind, **options)
-        conn.send(("ready", {"max_context_tokens": resource.max_context_tokens}))
+        conn.send(("ready", {"max_context_tokens": resource.max_context_tokens,
+                             "state_mode": resource.state_mode}))
     except BaseException as exc:
         conn.send(("error", _portable(exc)))
         return
