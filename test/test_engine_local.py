@@ -118,6 +118,21 @@ def test_a_query_needs_a_positive_token_budget(smollm2):
         smollm2.query([4], max_new_tokens=0)
 
 
+def test_both_backends_are_engines_and_make_engine_builds_either_by_name(smollm2):
+    pytest.importorskip("llama_cpp")
+    from csr_ros.engine import Engine, make_engine
+
+    gguf = make_engine("smollm2", backend="llamacpp", threads=1, max_context_tokens=256)
+    try:
+        assert isinstance(smollm2, Engine) and isinstance(gguf, Engine)
+        assert (smollm2.backend, gguf.backend) == ("torch", "llamacpp")
+        assert gguf.query(gguf.tokenizer.encode_data("The robot"), 2).n_dynamic > 0
+    finally:
+        gguf.close()
+    with pytest.raises(ConfigError, match="backend must be one of"):
+        make_engine("smollm2", backend="onnx")
+
+
 def test_a_stop_string_cuts_the_answer_before_it(smollm2, robot_prompt):
     static, dynamic = robot_prompt
     smollm2.extend(static)

@@ -28,6 +28,7 @@ Imports neither torch nor llama.cpp: the llama.cpp backend runs where torch is n
 from __future__ import annotations
 
 import contextlib
+import importlib
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,7 +40,8 @@ import numpy as np
 from csr_ros.engine.capsule import mismatch_message
 from csr_ros.errors import CapsuleMismatchError, ConfigError, ContextOverflowError
 
-BACKENDS = ("torch", "llamacpp")
+BACKENDS = {"torch": ("csr_ros.engine.torch_engine", "TorchEngine"),
+            "llamacpp": ("csr_ros.engine.llamacpp", "LlamaCppEngine")}
 
 
 @dataclass(frozen=True)
@@ -129,16 +131,11 @@ class Engine(Protocol):
 
 
 def make_engine(model="smollm2", *, backend: str = "torch", **options) -> Engine:
-    """The engine of `backend` ("torch" or "llamacpp"), its module imported only when asked."""
-    if backend == "torch":
-        from csr_ros.engine.torch_engine import TorchEngine
-
-        return TorchEngine(model, **options)
-    if backend == "llamacpp":
-        from csr_ros.engine.llamacpp import LlamaCppEngine
-
-        return LlamaCppEngine(model, **options)
-    raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    """The engine of `backend` (BACKENDS), its module imported only when asked for."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
+    module_name, class_name = BACKENDS[backend]
+    return getattr(importlib.import_module(module_name), class_name)(model, **options)
 
 
 class OptionTrie:
