@@ -9,8 +9,9 @@ An engine holds one committed token run (batch size 1) and answers queries on to
 
 The hot path, top to bottom (`Decoder.query`, the same for every backend):
 
-    query → [commit: _forward(static tail)] → _forward(dynamic ⊕ forced) → _choose → TTFT
-          → loop: _forward(sampled ⊕ forced) → _choose → stop?
+    query → [commit: _forward(static tail)] → _forward(dynamic ⊕ forced)
+          → choose: _mask (grammar), _sample → TTFT
+          → loop: _forward(sampled ⊕ forced) → choose → stop?
           → _rollback to the committed boundary
 
 The decoder owns the checks, the tokens a grammar forces (they ride on the next forward, never

@@ -5,10 +5,10 @@
 
 A resource doing background work (warm-up, catch-up) is asked to yield the CPU to the
 primary's queries (`set_background`, where `capabilities.background` says it can: worker
-processes, at a lower priority and on fewer threads), unless it may not finish before the context is full
-(negative headroom, or the state past halfway to the limit), when finishing in time matters
-more: then its priority comes back, its few threads stay, and the primary computes on few
-threads too until the swap (at equal priority, more threads than cores would slow the
+processes, at a lower priority and on fewer threads), unless it may not finish before the
+context is full (negative headroom, or the state past halfway to the limit), when finishing in
+time matters more: then its priority comes back, its few threads stay, and the primary computes
+on few threads too until the swap (at equal priority, more threads than cores would slow the
 primary's queries many times over).
 
 The machine lock is held only while the pure machine handles an event and the commands are

@@ -109,12 +109,9 @@ class LocalResource:
         with the answer's tokens so far after each one (once for a choice); what it raises
         stops the decode between two tokens (Decoder.query). An in-process computation cannot
         be abandoned: `timeout_s` is not enforced."""
+        static = request.static_ids
         with self._lock:
-            n = self.engine.n_committed
-            static = request.static_ids
-            committed = self.engine.committed_ids
-            if static[:n] != committed:
-                raise StateMismatchError(_mismatch_message(static, committed, self.name))
+            n = self._n_committed_below(request)
             if constraint is not None and constraint.kind == "choice":
                 result = self._choose(request, constraint, n)
                 if on_token is not None:
@@ -138,23 +135,27 @@ class LocalResource:
     def score_choices(self, request: Request, options: Sequence[str]) -> ChoiceScores:
         """Every option's log-probability from the cached state (ChoiceScorer)."""
         with self._lock:
-            n = self.engine.n_committed
-            if request.static_ids[:n] != self.engine.committed_ids:
-                raise StateMismatchError(_mismatch_message(request.static_ids,
-                                                           self.engine.committed_ids, self.name))
-            ids = [self._option_ids(o) for o in options]
-            scores = self.engine.score_options(request.dynamic_ids, ids,
-                                               commit_ids=request.static_ids[n:],
-                                               end_id=self._end_id(ids))
+            ids, scores = self._score(request, options, self._n_committed_below(request))
         return ChoiceScores(options=tuple(options), logprobs=scores.logprobs,
                             n_tokens=tuple(len(i) for i in ids))
 
+    def _n_committed_below(self, request: Request) -> int:
+        """Under the lock: the committed run's length, which `request` must extend."""
+        n, committed = self.engine.n_committed, self.engine.committed_ids
+        if request.static_ids[:n] != committed:
+            raise StateMismatchError(_mismatch_message(request.static_ids, committed, self.name))
+        return n
+
+    def _score(self, request: Request, options: Sequence[str], n: int):
+        """Under the lock: the options' ids and their scores, committing the static tail."""
+        ids = [self._option_ids(o) for o in options]
+        return ids, self.engine.score_options(request.dynamic_ids, ids,
+                                              commit_ids=request.static_ids[n:],
+                                              end_id=self._end_id(ids))
+
     def _choose(self, request: Request, constraint: OutputConstraint, n: int) -> QueryResult:
         """Under the lock: the best-scoring choice, as a query result (no decoding)."""
-        ids = [self._option_ids(o) for o in constraint.choices]
-        scores = self.engine.score_options(request.dynamic_ids, ids,
-                                           commit_ids=request.static_ids[n:],
-                                           end_id=self._end_id(ids))
+        ids, scores = self._score(request, constraint.choices, n)
         best = max(range(len(ids)), key=scores.logprobs.__getitem__)
         # The whole answer is known when the one pass ends: TTFT is the decision's latency.
         return QueryResult(text=constraint.choices[best], token_ids=tuple(ids[best]),

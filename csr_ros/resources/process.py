@@ -8,12 +8,13 @@ answered with the result or the exception. Two local engines in two processes co
 parallel, each on its own core, and one that crashes takes nothing else with it.
 
 `set_background(True)` lowers the child's CPU priority (`background_nice`, default 10) while it
-does background work (a warm-up or catch-up) so that the primary's queries win the CPU when the machine is
-oversubscribed; `set_background(False)` restores it (raising priority back needs the right to
-do so; without it the child stays low and a warning says so once). With `background_threads`
-(and `threads`), background work also runs on that many compute threads and foreground work on
-`threads`: on 2 cores, `threads=2, background_threads=1` gives the primary both cores while its
-secondary idles, without 4 threads fighting over 2 cores while both compute.
+does background work (a warm-up or catch-up) so that the primary's queries win the CPU when the
+machine is oversubscribed; `set_background(False)` restores it (raising priority back needs
+the right to do so; without it the child stays low and a warning says so once). With
+`background_threads` (and `threads`), background work also runs on that many compute threads
+and foreground work on `threads`: on 2 cores, `threads=2, background_threads=1` gives the
+primary both cores while its secondary idles, without 4 threads fighting over 2 cores while
+both compute.
 
 A dead child raises `ResourceUnavailableError` (its committed state is gone). `load()` replaces
 the whole committed run anyway, so it starts a fresh child first: a warm-up retry after a crash
