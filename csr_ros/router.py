@@ -2,7 +2,7 @@
 
     pool = ServerPool.start("vllm", n_servers=2, log_dir=...)      # P servers, each on its cores
     pool.start_router("consistent_hash")                           # one URL for the whole pool
-    ...  OpenAIResource(pool.router_url, robot_id="robot_0", ...)
+    ...  OpenAIResource(OpenAIOptions(pool.router_url, robot_id="robot_0", ...))
     pool.routing_counts()          # requests the router sent to each server (its /metrics)
     pool.stop()
 

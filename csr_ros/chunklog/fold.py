@@ -117,7 +117,7 @@ def resume(resource, state: CsrState, capsule_path: str | Path | None) -> Resume
 
 
 def _on_resource(resource, func, *args):
-    if hasattr(resource, "apply"):        # a ProcessResource: run it next to the engine
+    if resource.capabilities.worker:      # a ProcessResource: run it next to the engine
         return resource.apply(func, *args)
     return func(resource, *args)
 

@@ -249,9 +249,9 @@ def _kill_during_warmup(rec: Reconciler, n: int, r: _Run) -> None:
         if m.phase is Phase.WARM and m.counters.cycles_started == n:
             victim = rec.resources[m.secondary]
             time.sleep(0.2)                      # well inside the multi-second warm-up
-            if rec.machine.phase is Phase.WARM and hasattr(victim, "kill"):
+            if rec.machine.phase is Phase.WARM and victim.capabilities.worker:
                 log.warning("fault injection: killing %s (pid %s) during warm-up %d",
-                            victim.name, getattr(victim, "pid", None), n)
+                            victim.name, victim.pid, n)
                 victim.kill()
                 r.kills += 1
                 return
@@ -340,7 +340,7 @@ def _summarize(rec: Reconciler, r: _Run, settings: EpisodeSettings, started_s: f
     local = LocalFigures(
         precision=_precision(rec.resources[books.primary]),
         catchup_steps=counters["catchup_steps"],
-        worker_restarts=sum(getattr(x, "restarts", 0) for x in resources),
+        worker_restarts=sum(x.restarts for x in resources if x.capabilities.worker),
         injected_kills=r.kills, inputs=r.inputs, chunks_in_order=in_order,
         final_static_tokens=len(active_ids), primary_reloading_at_end=reloading,
         invalid_examples=[{"text": d.text, "error": d.error}
@@ -380,10 +380,9 @@ def _n_cpus() -> int:
 
 
 def _precision(resource) -> str | None:
-    """A local engine's precision (`LocalEngine.precision`); None for servers."""
-    if not hasattr(resource, "call"):
-        engine = getattr(resource, "engine", None)
-        return None if engine is None else engine.precision
+    """A local engine's precision (`Engine.precision`); None for servers."""
+    if not resource.capabilities.worker:
+        return resource.engine.precision if resource.capabilities.capsules else None
     try:
         return str(resource.call("engine.precision"))
     except Exception as exc:
@@ -394,8 +393,6 @@ def _precision(resource) -> str | None:
 def _committed_ids(resource) -> tuple[int, ...] | None:
     try:
         return tuple(resource.committed_ids)
-    except AttributeError:
-        return None
     except Exception as exc:
         log.warning("cannot read what %s has committed: %s", resource.name, exc)
         return None

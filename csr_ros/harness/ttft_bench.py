@@ -104,8 +104,8 @@ def run_bench(settings: BenchSettings) -> dict:
         for kind in settings.resources:
             resource = resource_for(kind, settings)
             resources.append(resource)
-            engine = getattr(resource, "engine", None)
-            if engine is not None and hasattr(engine, "precision"):
+            if resource.capabilities.capsules:           # an in-process engine
+                engine = resource.engine
                 engines[resource.name] = {"precision": engine.precision,
                                           "forward": engine.forward_kind,
                                           "decode_threads": engine.decode_threads,
@@ -154,7 +154,7 @@ def bench_phases(resource, tokenizer, layout, *, ns: list[int], ms: list[int], r
         msg = (f"{name}: N + M + max_new_tokens = {need} exceeds its context of "
                f"{resource.max_context_tokens} tokens; lower --n or --m")
         raise ConfigError(msg)
-    mode = getattr(resource, "state_mode", "token")
+    mode = resource.state_mode
     prompts = PromptMaker(tokenizer, layout, mode=mode, n_max=max(ns))
     rows: list[dict] = []
     query_no = 0
@@ -208,9 +208,8 @@ def bench_phases(resource, tokenizer, layout, *, ns: list[int], ms: list[int], r
             _progress(f"[{name}] N={n} M={m}: CSR TTFT median {rows[-1]['ttft_median_s']:.3f} s")
             yield rows
             rows = []
-        engine = getattr(resource, "engine", None)
-        if engine is not None and hasattr(engine, "snapshot"):
-            rows.append(_capsule_timings(name, engine, n, repeats))
+        if resource.capabilities.capsules:
+            rows.append(_capsule_timings(name, resource.engine, n, repeats))
             _progress(f"[{name}] N={n}: capsule restore median "
                       f"{rows[-1]['restore_median_s'] * 1e3:.3f} ms")
             yield rows
@@ -241,21 +240,18 @@ def _decode_rate(resource, tokenizer, request: Request,
     End-of-sequence tokens are suppressed so every resource decodes the same `n_tokens`: the
     in-process engine is asked with no EOS ids, an OpenAI-compatible server with a -100 logit
     bias on them. A server that ignores the bias and stops early is timed on what it sent."""
-    engine = getattr(resource, "engine", None)
-    if engine is not None and hasattr(engine, "query"):
+    if resource.capabilities.capsules:
         # The bench has just loaded the request's static part: only its dynamic part is new.
-        result = engine.query(request.dynamic_ids, n_tokens, eos_ids=())
+        result = resource.engine.query(request.dynamic_ids, n_tokens, eos_ids=())
         n = len(result.token_ids)
-    else:
-        extra = getattr(resource, "extra_body", None)
-        if extra is not None:
-            eos = getattr(tokenizer, "eos_token_ids", ()) or ()
-            resource.extra_body = {**extra, "logit_bias": {str(i): -100 for i in eos}}
+    else:                                            # an OpenAI resource (resource_for)
+        extra = resource.extra_body
+        eos = tokenizer.eos_token_ids
+        resource.extra_body = {**extra, "logit_bias": {str(i): -100 for i in eos}}
         try:
             result = resource.query(request, max_new_tokens=n_tokens)
         finally:
-            if extra is not None:
-                resource.extra_body = extra
+            resource.extra_body = extra
         n = n_tokens if result.finish_reason == "length" else len(result.token_ids)
     if n < 2 or result.decode_s <= 0:
         return None
@@ -283,8 +279,7 @@ def _capsule_timings(name: str, engine, n: int, repeats: int) -> dict:
         engine.restore(kept)
         copy_s.append(time.perf_counter() - t0)
     assert engine.n_committed == n, f"restore left {engine.n_committed} tokens, expected {n}"
-    kv_bytes = (kept.nbytes() if getattr(kept, "kv", None) is None      # llama.cpp's bytes
-                else sum(k.numel() * k.element_size() * 2 for k, _ in kept.kv))
+    kv_bytes = kept.kv_nbytes()
     return capsule_row(name, n, snapshot_s, restore_s, copy_s, kv_bytes)
 
 
