@@ -17,6 +17,25 @@ Argument types in a spec: `str`, `int`, `float`, `bool`, `a|b|c` (an enumeration
 (an enumeration whose values are filled in later, e.g. from what the robot has seen). An action
 whose `$name` enumeration is empty is left out of the bound vocabulary.
 
+Bounds (both ends inclusive, both required):
+
+    turn(degrees: int[-180,180])        an integer from -180 to 180
+    drive(speed_mps: float[0,0.5])     a number from 0 to 0.5, at most 3 decimals
+    say(text: str[..80])                a quoted text of 1 to 80 characters (str[4..80]: 4 to 80)
+
+An unbounded `int` has at most 9 digits, a `float` at most 6 integer digits and 3 decimals, a
+`str` at most `max_str_chars` characters. Integer bounds are integers within ±999999999; float
+bounds have at most 6 integer digits and 6 decimals, and a bounded float takes as many decimals
+as its bounds need, at least 3. Anything else (a minimum above its maximum, `int[0,1.5]`,
+`float[0,1e3]`, a bound on a `bool` or an enumeration, `str[..0]`) is an ActionSpecError. The
+JSON schema says the same with `minimum`/`maximum` and `minLength`/`maxLength`.
+
+A bound holds where the model decodes and again where its answer is read: the grammar admits
+exactly the numbers of the range (digit by digit, csr_ros.range_grammar) and the texts of the
+length, the JSON schema carries the bounds for servers that decode JSON, and `decide()` refuses
+an answer out of range (`turn: degrees 99999 outside [-180, 180]`), so an unconstrained
+server's answer never becomes an action it does not fit.
+
 One grammar (GBNF, as llama.cpp documents it) serves every backend: llama.cpp's server takes it
 in `grammar`, vLLM in `structured_outputs.grammar` (or `guided_grammar`), the local engine
 compiles it with llguidance. A closed vocabulary (only enumerations and booleans) also lists
@@ -27,14 +46,18 @@ Pure: no I/O, no torch.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Iterable, Mapping, Protocol, Sequence
 
 from csr_ros.errors import ActionParseError, ActionSpecError
+from csr_ros.range_grammar import range_gbnf
 
 ARG_KINDS = ("enum", "str", "int", "float", "bool")
 CONSTRAINT_KINDS = ("auto", "grammar", "choice", "json")
@@ -49,8 +72,16 @@ AUTO_MAX_CHOICES = 8
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BARE = re.compile(r"[A-Za-z0-9_.\-]+")
 _SPEC = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)\s*", re.S)
-_INT = re.compile(r"-?[0-9]{1,9}")
-_FLOAT = re.compile(r"-?[0-9]{1,6}(\.[0-9]{1,3})?")
+# Numbers as an answer may write them: the integer part's digits bound the magnitude (an int
+# fits a controller's int32), the decimals the precision of a float.
+INT_DIGITS = 9
+FLOAT_INT_DIGITS = 6
+FLOAT_DECIMALS = 3                         # an unbounded float; a bounded one at least as many
+MAX_FLOAT_DECIMALS = 6
+_INT = re.compile(rf"-?[0-9]{{1,{INT_DIGITS}}}")
+_BOUNDED = re.compile(r"(int|float|str)\s*\[(.*)\]", re.S)
+_BOUND_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+_STR_BOUNDS = re.compile(r"\s*([0-9]+)?\s*\.\.\s*([0-9]+)\s*")
 _STR_FORBIDDEN = re.compile(r'["\\\x00-\x1f]')
 
 
@@ -60,16 +91,50 @@ class Arg:
     kind: str                              # one of ARG_KINDS
     values: tuple[str, ...] = ()           # enum: the allowed values
     source: str | None = None              # enum: `$source` values come from bind()
+    low: Decimal | None = None             # int, float: the inclusive range, both or neither
+    high: Decimal | None = None
+    min_chars: int | None = None           # str: the length range, both or neither (None: 1
+    max_chars: int | None = None           # to the vocabulary's max_str_chars)
+
+    def __post_init__(self):
+        assert (self.low is None) == (self.high is None), "a range needs both ends"
+        assert (self.min_chars is None) == (self.max_chars is None), "a length needs both ends"
+        assert self.low is None or self.kind in ("int", "float"), f"a range on a {self.kind}"
+        assert self.max_chars is None or self.kind == "str", f"a length on a {self.kind}"
 
     @property
     def bound(self) -> bool:
         return self.kind != "enum" or self.source is None or bool(self.values)
+
+    @property
+    def ranged(self) -> bool:
+        """A number with a range, or a text with its own length range."""
+        return self.low is not None or self.max_chars is not None
+
+    @property
+    def decimals(self) -> int:
+        """A float's most fraction digits: 3, or what its bounds need (0 for an int)."""
+        if self.kind != "float":
+            return 0
+        return max([FLOAT_DECIMALS] + [_decimals(b) for b in (self.low, self.high)
+                                       if b is not None])
+
+    def range_text(self) -> str:
+        return f"[{self.low}, {self.high}]"
 
     def describe(self) -> str:
         if self.kind == "enum":
             if self.source is not None and not self.values:
                 return f"{self.name} one of the {self.source} seen"
             return f"{self.name} one of {', '.join(self.values)}"
+        if self.low is not None:
+            what = "an integer" if self.kind == "int" else "a number"
+            return f"{self.name} {what} from {self.low} to {self.high}"
+        if self.max_chars is not None:
+            if self.min_chars == 1:
+                return f"{self.name} a quoted text of at most {self.max_chars} characters"
+            return (f"{self.name} a quoted text of {self.min_chars} to {self.max_chars} "
+                    "characters")
         return {"str": f"{self.name} a quoted text", "int": f"{self.name} an integer",
                 "float": f"{self.name} a number", "bool": f"{self.name} true or false"}[self.kind]
 
@@ -205,8 +270,8 @@ class Vocabulary:
         if not isinstance(schema, dict):
             raise ActionSpecError("the action schema must be a JSON object")
         branches = schema.get("anyOf") or schema.get("oneOf") or [schema]
-        return cls(tuple(_spec_from_schema(b, i) for i, b in enumerate(branches)),
-                   max_str_chars=max_str_chars)
+        return cls(tuple(_spec_from_schema(b, i, max_str_chars)
+                         for i, b in enumerate(branches)), max_str_chars=max_str_chars)
 
     @classmethod
     def from_params(cls, specs: Sequence[str] | str = (), schema: str = "", *,
@@ -311,13 +376,19 @@ class Vocabulary:
                     rules.append(f"a{i}-{j} ::= " + " | ".join(
                         _gbnf_literal(_render_enum(v)) for v in arg.values))
                     parts.append(f"a{i}-{j}")
+                elif arg.max_chars is not None:
+                    rules.append(f"a{i}-{j} ::= " + _gbnf_str(arg.min_chars, arg.max_chars))
+                    parts.append(f"a{i}-{j}")
+                elif arg.low is not None:
+                    rules += range_gbnf(f"a{i}-{j}", arg.low, arg.high, arg.decimals)
+                    parts.append(f"a{i}-{j}")
                 else:
                     parts.append(arg.kind)
                     used.add(arg.kind)
             parts.append('")"')
             rules.insert(1 + i, f"a{i} ::= " + " ".join(parts))
         if "str" in used:
-            rules.append(f'str ::= "\\"" [^"\\\\\\x00-\\x1f]{{1,{self.max_str_chars}}} "\\""')
+            rules.append("str ::= " + _gbnf_str(1, self.max_str_chars))
         if "int" in used:
             rules.append('int ::= "-"? [0-9]{1,9}')
         if "float" in used:
@@ -440,8 +511,22 @@ class Vocabulary:
                 value = self._value(arg, json.dumps(value, ensure_ascii=False), spec)
             elif not _json_type_fits(arg.kind, value):
                 raise ActionParseError(f"{where} must be {arg.kind}, got {value!r}")
+            elif arg.kind in ("int", "float"):
+                if not math.isfinite(value):
+                    raise ActionParseError(f"{where} must be a finite number, got {value!r}")
+                # repr: the shortest text that reads back as the same float (0.1, not the
+                # binary 0.1000000000000000055...), compared exactly with the bounds
+                _check_range(arg, Decimal(repr(value)), json.dumps(value), spec)
             args.append((arg.name, float(value) if arg.kind == "float" else value))
         return Action(name=spec.name, args=tuple(args), text=text)
+
+    def _check_length(self, arg: Arg, value: str, where: str) -> None:
+        most = self.max_str_chars if arg.max_chars is None else arg.max_chars
+        if len(value) > most:
+            raise ActionParseError(f"{where} has {len(value)} characters, more than {most}")
+        if arg.min_chars is not None and len(value) < arg.min_chars:
+            raise ActionParseError(f"{where} has {len(value)} characters, fewer than "
+                                   f"{arg.min_chars}")
 
     def _spec(self, name: str) -> ActionSpec:
         for spec in self.actions:
@@ -465,18 +550,19 @@ class Vocabulary:
             value = _unquote(raw)
             if not value:
                 raise ActionParseError(f"{where} is empty")
-            if len(value) > self.max_str_chars:
-                raise ActionParseError(f"{where} has {len(value)} characters, more than "
-                                       f"{self.max_str_chars}")
+            self._check_length(arg, value, where)
             return value
         if arg.kind == "int":
             if not _INT.fullmatch(raw):
                 raise ActionParseError(f"{where} must be an integer, got {_clip(raw)!r}")
+            _check_range(arg, Decimal(raw), raw, spec)
             return int(raw)
         if arg.kind == "float":
-            if not _FLOAT.fullmatch(raw):
-                raise ActionParseError(f"{where} must be a number, got {_clip(raw)!r}")
-            return float(raw)
+            if not _float_form(arg.decimals).fullmatch(raw):
+                raise ActionParseError(f"{where} must be a number of at most {arg.decimals} "
+                                       f"decimals, got {_clip(raw)!r}")
+            _check_range(arg, Decimal(raw), raw, spec)
+            return float(raw) + 0.0                  # -0.0 → 0.0
         if raw not in ("true", "false"):
             raise ActionParseError(f"{where} must be true or false, got {_clip(raw)!r}")
         return raw == "true"
@@ -536,7 +622,7 @@ def _parse_spec(text: str) -> ActionSpec:
         raise ActionSpecError(f"action spec {text!r} is not `name(arg: type, ...)`")
     name, body = match.group(1), match.group(2).strip()
     args = []
-    for part in ([p.strip() for p in body.split(",")] if body else []):
+    for part in _split_spec_args(body):
         arg_name, sep, kind = (s.strip() for s in part.partition(":"))
         if not sep or not _NAME.fullmatch(arg_name) or not kind:
             raise ActionSpecError(f"in {text!r}: argument {part!r} is not `name: type`")
@@ -547,9 +633,29 @@ def _parse_spec(text: str) -> ActionSpec:
     return ActionSpec(name, tuple(args))
 
 
+def _split_spec_args(body: str) -> list[str]:
+    """`a: int[-1,1], b: str`: the commas inside a bound's brackets do not split."""
+    parts, current, depth = [], [], 0
+    for ch in body:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current).strip())
+    return parts if body else []
+
+
 def _make_arg(name: str, kind: str, where: str) -> Arg:
     if kind in ("str", "int", "float", "bool"):
         return Arg(name, kind)
+    bounded = _BOUNDED.fullmatch(kind)
+    if bounded is not None:
+        return _bounded_arg(name, bounded.group(1), bounded.group(2), where)
+    if "[" in kind or "]" in kind:
+        raise ActionSpecError(f"in {where!r}: {kind!r} is not a bounded type; bounds go on "
+                              "int[min,max], float[min,max] or str[..max] / str[min..max]")
     if kind.startswith("$"):
         if not _NAME.fullmatch(kind[1:]):
             raise ActionSpecError(f"in {where!r}: {kind!r} is not `$name`")
@@ -564,13 +670,101 @@ def _make_arg(name: str, kind: str, where: str) -> Arg:
     return Arg(name, "enum", values=values)
 
 
+def _bounded_arg(name: str, kind: str, bounds: str, where: str) -> Arg:
+    """`int[-180,180]`, `float[0,0.5]`, `str[..80]`, `str[4..80]`."""
+    if kind == "str":
+        match = _STR_BOUNDS.fullmatch(bounds)
+        if match is None:
+            raise ActionSpecError(f"in {where!r}: str[{bounds}] is not str[..max] or "
+                                  "str[min..max] (lengths in characters)")
+        least = int(match.group(1)) if match.group(1) is not None else 1
+        return _length_arg(name, least, int(match.group(2)), f"in {where!r}: argument {name!r}")
+    ends = [b.strip() for b in bounds.split(",")]
+    if len(ends) != 2 or not all(_BOUND_NUMBER.fullmatch(b) for b in ends):
+        raise ActionSpecError(f"in {where!r}: {kind}[{bounds}] is not {kind}[min,max] with two "
+                              "plain decimal numbers (both ends inclusive)")
+    if kind == "int" and any("." in b for b in ends):
+        raise ActionSpecError(f"in {where!r}: {kind}[{bounds}] has a bound that is not an "
+                              "integer; an int's bounds are integers (or use float[min,max])")
+    return _range_arg(name, kind, Decimal(ends[0]), Decimal(ends[1]),
+                      f"in {where!r}: argument {name!r}")
+
+
+def _range_arg(name: str, kind: str, low: Decimal, high: Decimal, where: str) -> Arg:
+    """An int or float argument with its range checked: ordered, inside what an answer can
+    write, no more decimals than a float can carry."""
+    if low > high:
+        raise ActionSpecError(f"{where}: the minimum {low} is above the maximum {high}")
+    if kind == "int":
+        if any(b != b.to_integral_value() for b in (low, high)):
+            raise ActionSpecError(f"{where}: an int's bounds must be integers, got "
+                                  f"[{low}, {high}]")
+        limit = Decimal(10) ** INT_DIGITS
+        if any(abs(b) >= limit for b in (low, high)):
+            raise ActionSpecError(f"{where}: an int's bounds must lie within "
+                                  f"±{limit - 1} ({INT_DIGITS} digits), got [{low}, {high}]")
+        return Arg(name, "int", low=_plain(low), high=_plain(high))
+    limit = Decimal(10) ** FLOAT_INT_DIGITS
+    if any(abs(b) >= limit for b in (low, high)):
+        raise ActionSpecError(f"{where}: a float's bounds must lie within ±{limit} "
+                              f"({FLOAT_INT_DIGITS} integer digits), got [{low}, {high}]")
+    if any(_decimals(b) > MAX_FLOAT_DECIMALS for b in (low, high)):
+        raise ActionSpecError(f"{where}: a float's bounds have at most {MAX_FLOAT_DECIMALS} "
+                              f"decimals, got [{low}, {high}]")
+    return Arg(name, "float", low=_plain(low), high=_plain(high))
+
+
+def _length_arg(name: str, least: int, most: int, where: str) -> Arg:
+    if least < 1:
+        raise ActionSpecError(f"{where}: a text has at least 1 character, got a minimum of "
+                              f"{least}")
+    if least > most:
+        raise ActionSpecError(f"{where}: the minimum length {least} is above the maximum "
+                              f"{most}")
+    return Arg(name, "str", min_chars=least, max_chars=most)
+
+
+def _plain(value: Decimal) -> Decimal:
+    """The bound as it prints: no trailing zeros, no exponent, no negative zero (0.50 → 0.5,
+    1E+2 → 100, -0 → 0)."""
+    return Decimal(format(value.normalize(), "f")) + 0
+
+
+def _decimals(value: Decimal) -> int:
+    """Fraction digits a bound needs (trailing zeros add none: 0.50 needs 1)."""
+    return max(0, -value.normalize().as_tuple().exponent)
+
+
+def _float_form(decimals: int) -> re.Pattern:
+    """How an answer may write a float: at most 6 integer digits and `decimals` decimals."""
+    return _compiled(rf"-?[0-9]{{1,{FLOAT_INT_DIGITS}}}(\.[0-9]{{1,{decimals}}})?")
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(pattern: str) -> re.Pattern:
+    return re.compile(pattern)
+
+
+def _check_range(arg: Arg, value: Decimal, text: str, spec: ActionSpec) -> None:
+    """A number inside its range, or, unbounded, inside what the grammar writes."""
+    if arg.low is None:
+        digits = INT_DIGITS if arg.kind == "int" else FLOAT_INT_DIGITS
+        if abs(value) >= Decimal(10) ** digits:
+            raise ActionParseError(f"{spec.name}: {arg.name} {_clip(text)} has more than "
+                                   f"{digits} integer digits")
+        return
+    if not arg.low <= value <= arg.high:
+        raise ActionParseError(f"{spec.name}: {arg.name} {_clip(text)} outside "
+                               f"{arg.range_text()}")
+
+
 def _check_enum_value(value: str, where: str) -> None:
     if _STR_FORBIDDEN.search(value) or "," in value or ")" in value or "(" in value:
         raise ActionSpecError(f"in {where}: value {value!r} holds a quote, backslash, comma, "
                               "parenthesis or control character")
 
 
-def _spec_from_schema(branch: dict, i: int) -> ActionSpec:
+def _spec_from_schema(branch: dict, i: int, max_str_chars: int) -> ActionSpec:
     props = branch.get("properties") if isinstance(branch, dict) else None
     name = ((props or {}).get("name") or {})
     name = name.get("const", (name.get("enum") or [None])[0])
@@ -593,16 +787,61 @@ def _spec_from_schema(branch: dict, i: int) -> ActionSpec:
             raise ActionSpecError(f"{name}: argument {arg_name!r} has type "
                                   f"{schema.get('type')!r}; use string, integer, number, "
                                   "boolean or an enum")
-        args.append(Arg(arg_name, kind))
+        args.append(_arg_from_schema(arg_name, kind, schema, f"{name}: argument {arg_name!r}",
+                                     max_str_chars))
     return ActionSpec(name, tuple(args))
+
+
+def _arg_from_schema(name: str, kind: str, schema: dict, where: str,
+                     max_str_chars: int) -> Arg:
+    """The bounds a schema gives: minimum/maximum (both), minLength/maxLength. A bound this
+    vocabulary cannot hold is refused, never dropped."""
+    unsupported = sorted({"exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern",
+                          "format"} & set(schema))
+    if unsupported:
+        raise ActionSpecError(f"{where}: {', '.join(unsupported)} cannot be enforced here; "
+                              "give the range with minimum and maximum (inclusive)")
+    if kind in ("int", "float"):
+        given = [schema.get(k) for k in ("minimum", "maximum")]
+        if given == [None, None]:
+            return Arg(name, kind)
+        if None in given:
+            raise ActionSpecError(f"{where}: give both minimum and maximum, or neither")
+        wanted = int if kind == "int" else (int, float)
+        if any(isinstance(v, bool) or not isinstance(v, wanted) or not math.isfinite(v)
+               for v in given):
+            raise ActionSpecError(f"{where}: minimum and maximum must be "
+                                  f"{'integers' if kind == 'int' else 'finite numbers'}, "
+                                  f"got {given}")
+        low, high = (Decimal(repr(v)) for v in given)
+        return _range_arg(name, kind, low, high, where)
+    if kind == "str" and ("minLength" in schema or "maxLength" in schema):
+        least, most = schema.get("minLength", 1), schema.get("maxLength", max_str_chars)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (least, most)):
+            raise ActionSpecError(f"{where}: minLength and maxLength must be integers, got "
+                                  f"{least!r}, {most!r}")
+        least = max(least, 1)            # a text argument is never empty
+        if (least, most) == (1, max_str_chars):
+            return Arg(name, "str")
+        return _length_arg(name, least, most, where)
+    return Arg(name, kind)
 
 
 def _arg_schema(arg: Arg, max_str_chars: int) -> dict:
     if arg.kind == "enum":
         return {"type": "string", "enum": list(arg.values)}
     if arg.kind == "str":
+        if arg.max_chars is not None:
+            return {"type": "string", "minLength": arg.min_chars, "maxLength": arg.max_chars}
         return {"type": "string", "minLength": 1, "maxLength": max_str_chars}
-    return {"type": {"int": "integer", "float": "number", "bool": "boolean"}[arg.kind]}
+    schema: dict = {"type": {"int": "integer", "float": "number", "bool": "boolean"}[arg.kind]}
+    if arg.low is not None:
+        schema.update(minimum=_json_number(arg.low), maximum=_json_number(arg.high))
+    return schema
+
+
+def _json_number(value: Decimal) -> int | float:
+    return int(value) if value == value.to_integral_value() else float(value)
 
 
 def _json_type_fits(kind: str, value: object) -> bool:
@@ -654,13 +893,27 @@ def _render_value(value: object) -> str:
 
 
 def _example_value(arg: Arg) -> str:
+    """A value the argument takes (an example out of its own range would teach the model to
+    break it)."""
     if arg.kind == "enum":
         return _render_enum(arg.values[0]) if arg.values else arg.name
+    if arg.low is not None:
+        typical = Decimal(1) if arg.kind == "int" else Decimal("0.5")
+        return format(min(max(typical, arg.low), arg.high), "f")
+    if arg.max_chars is not None:
+        text = "on my way".ljust(arg.min_chars, ".")[:arg.max_chars]
+        return json.dumps(text)
     return {"str": '"on my way"', "int": "1", "float": "0.5", "bool": "true"}[arg.kind]
 
 
 def _gbnf_literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
+
+
+def _gbnf_str(min_chars: int, max_chars: int) -> str:
+    """A quoted text of min_chars to max_chars characters, none a quote, a backslash or a
+    control character."""
+    return f'"\\"" [^"\\\\\\x00-\\x1f]{{{min_chars},{max_chars}}} "\\""'
 
 
 def _clip(text: str, n: int = 60) -> str:
