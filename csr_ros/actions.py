@@ -715,9 +715,10 @@ def _range_arg(name: str, kind: str, low: Decimal, high: Decimal, where: str) ->
 
 
 def _length_arg(name: str, least: int, most: int, where: str) -> Arg:
-    if least < 1:
-        raise ActionSpecError(f"{where}: a text has at least 1 character, got a minimum of "
-                              f"{least}")
+    if least < 1 or most < 1:
+        raise ActionSpecError(f"{where}: a text has at least 1 character, got a "
+                              f"{'minimum' if least < 1 else 'maximum'} of "
+                              f"{least if least < 1 else most}")
     if least > most:
         raise ActionSpecError(f"{where}: the minimum length {least} is above the maximum "
                               f"{most}")
