@@ -12,6 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("llguidance")
 
+from robot_prompts import assert_bounds_hold, decide_pushed  # noqa: E402
+
 from csr_ros.actions import Vocabulary  # noqa: E402
 from csr_ros.demo_episode import Episode  # noqa: E402
 from csr_ros.layout import Layout  # noqa: E402
@@ -205,3 +207,10 @@ def test_the_actions_benchmark_prints_and_writes_every_mode(tmp_path, capsys):
     assert summary["modes"]["grammar"]["mask_ms_per_token"] > 0
     assert summary["modes"]["choice"]["mask_ms_per_token"] is None
     assert "grammar  latency p50" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["grammar", "json"])
+def test_a_model_pushed_out_of_range_decodes_only_in_range_under_the_bounds(resource, kind):
+    """Asked to turn 720 degrees and to drive at 3 m/s, the model answers turn(720) and
+    drive(3) without the bounds (refused by decide()), and in range under them."""
+    assert_bounds_hold(decide_pushed(resource, resource.engine.tokenizer, kind=kind))

@@ -15,6 +15,8 @@ import httpx
 import pytest
 from test_openai_vllm_protocol import VllmLikeServer, robot_state
 
+from robot_prompts import BOUNDED_ACTIONS, assert_bounds_hold, decide_pushed
+
 from csr_ros.actions import Vocabulary
 from csr_ros.errors import ConfigError
 from csr_ros.layout import Layout
@@ -96,6 +98,30 @@ def test_vllm_gets_structured_outputs_for_choice_grammar_and_json(tokenizer, ver
         _compiles_under_llguidance(key, value)
 
 
+@pytest.mark.parametrize("version", ["0.11.0", "0.9.2"])
+def test_vllm_gets_the_bounds_in_its_grammar_and_json_schema(tokenizer, version):
+    server, resource = _vllm(tokenizer, version)
+    vocab = Vocabulary.parse(BOUNDED_ACTIONS)
+    request = robot_state(resource).build_request(task="next?")
+    sent = {}
+    for kind in ("grammar", "json"):
+        resource.query(request, max_new_tokens=16, constraint=vocab.constraint(kind))
+        body = server.bodies[-1]
+        if version == "0.11.0":
+            key, value = _check_structured_outputs(body)
+        else:
+            ((key, value),) = ((k[len("guided_"):], v) for k, v in body.items()
+                               if k.startswith("guided_"))
+        assert key == kind
+        _compiles_under_llguidance(key, value)
+        sent[key] = value
+    assert sent["grammar"] == vocab.gbnf() and "a1-0-p3-0lh" in sent["grammar"]
+    turn = next(b for b in sent["json"]["anyOf"]
+                if b["properties"]["name"]["const"] == "turn")
+    assert turn["properties"]["args"]["properties"]["degrees"] == \
+        {"type": "integer", "minimum": -180, "maximum": 180}
+
+
 def test_vllm_before_0_10_2_gets_the_guided_fields(tokenizer):
     server, resource = _vllm(tokenizer, "0.9.2")
     vocab = Vocabulary.parse(SPECS).bind({"objects": ["apple"]})
@@ -168,5 +194,18 @@ def test_llama_cpp_gets_the_grammar_for_a_closed_list_too(llama_server):  # noqa
         result = resource.query(state.build_request(task="Which action next?"),
                                 max_new_tokens=16, constraint=constraint)
         assert result.text in constraint.choices
+    finally:
+        resource.close()
+
+
+@pytest.mark.parametrize("kind", ["grammar", "json"])
+def test_llama_cpp_decodes_only_in_range_under_the_bounds(llama_server, kind):  # noqa: F811
+    """llama.cpp's own grammar engine (the server's `grammar`; the JSON constraint travels as
+    the same grammar): pushed to turn 720 degrees and to drive at 3 m/s, the model answers in
+    range; without the bounds it answers turn(720) and drive(3), which decide() refuses."""
+    resource = OpenAIResource(OpenAIOptions(llama_server.url))
+    try:
+        assert_bounds_hold(decide_pushed(resource, resource.tokenizer, kind=kind,
+                                         mode=resource.state_mode))
     finally:
         resource.close()

@@ -17,6 +17,8 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
+from robot_prompts import assert_bounds_hold, decide_pushed  # noqa: E402
+
 from csr_ros.actions import Vocabulary  # noqa: E402
 from csr_ros.demo_episode import Episode  # noqa: E402
 from csr_ros.errors import (CapsuleError, CapsuleMismatchError, ConfigError,  # noqa: E402
@@ -196,6 +198,13 @@ def test_grammar_constrained_typed_actions_parse(resource):
         assert decision.valid, (task, result.text, decision.error)
         assert result.finish_reason == "stop" and result.mask_s > 0
     assert resource.engine.committed_ids == tuple(state.build_request(task="x").static_ids)
+
+
+@pytest.mark.parametrize("kind", ["grammar", "json"])
+def test_a_model_pushed_out_of_range_decodes_only_in_range_under_the_bounds(resource, kind):
+    """The llguidance mask on llama.cpp's logits: turn(720) and drive(3) without the bounds
+    (refused by decide()), values in range under them."""
+    assert_bounds_hold(decide_pushed(resource, resource.engine.tokenizer, kind=kind))
 
 
 def _one_by_one(engine, dynamic: list[int], option: list[int], end_id: int) -> float:

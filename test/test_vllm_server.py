@@ -9,11 +9,13 @@ errors), never a time.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
+
+from robot_prompts import BOUNDED_ACTIONS, assert_bounds_hold, decide_pushed
 
 from csr_ros.actions import Vocabulary
 from csr_ros.errors import ResourceUnavailableError
@@ -22,7 +24,7 @@ from csr_ros.layout import Layout
 from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.resources.remote_tokenizer import RemoteTokenizer
 from csr_ros.state import CsrState
-from vllm_server import BLOCK_SIZE, MODEL_NAME  # vllm_pair, vllm_server: conftest fixtures
+from vllm_server import BLOCK_SIZE, MODEL_NAME, _vllm_or_skip  # vllm_pair, vllm_server: conftest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -121,6 +123,51 @@ def test_vllm_structured_outputs_give_only_parseable_actions_for_choice_grammar_
                 decisions.append(decision)
         assert len(decisions) == 6
         assert all(d.text.strip().startswith("{") for d in decisions[4:])   # the JSON form
+
+
+@pytest.mark.parametrize("kind", ["grammar", "json"])
+def test_vllm_structured_outputs_decode_only_in_range_under_the_bounds(vllm_server, kind):
+    """vLLM's structured outputs (the `guidance` backend of config/vllm_cpu.yaml): pushed to
+    turn 720 degrees and to drive at 3 m/s, the model answers in range; without the bounds it
+    answers out of range, and decide() refuses that."""
+    with OpenAIResource(OpenAIOptions(vllm_server.url)) as resource:
+        assert_bounds_hold(decide_pushed(resource, resource.tokenizer, kind=kind,
+                                         mode=resource.state_mode))
+
+
+_XGRAMMAR_CHECK = """
+import json, sys
+import xgrammar
+from xgrammar.testing import _is_grammar_accept_string
+sent = json.loads(sys.argv[1])
+grammar = xgrammar.Grammar.from_ebnf(sent["grammar"])
+schema = xgrammar.Grammar.from_json_schema(json.dumps(sent["json"]), any_whitespace=False,
+                                           separators=(", ", ": "))
+print(json.dumps({"grammar": [_is_grammar_accept_string(grammar, t) for t in sent["calls"]],
+                  "json": [_is_grammar_accept_string(schema, t) for t in sent["objects"]]}))
+"""
+
+
+def test_vllm_default_xgrammar_backend_holds_the_bounds_too():
+    """A vLLM left on its default structured-output backend compiles the same grammar and
+    schema with xgrammar: it must admit the ends of each range and nothing past them."""
+    from csr_ros.servers import vllm_python
+
+    _vllm_or_skip()
+    vocab = Vocabulary.parse(BOUNDED_ACTIONS)
+    calls = {"turn(-180)": True, "turn(180)": True, "turn(181)": False, "turn(720)": False,
+             "turn(-0)": False, "drive(0.5)": True, "drive(0.25)": True, "drive(0.501)": False,
+             "drive(3)": False}
+    objects = {json.dumps({"name": "turn", "args": {"degrees": d}}): ok
+               for d, ok in ((-180, True), (180, True), (181, False), (720, False))}
+    sent = {"grammar": vocab.gbnf(), "json": vocab.json_schema(), "calls": list(calls),
+            "objects": list(objects)}
+    done = subprocess.run([vllm_python(), "-c", _XGRAMMAR_CHECK, json.dumps(sent)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert dict(zip(calls, seen["grammar"])) == calls
+    assert dict(zip(objects, seen["json"])) == objects
 
 
 def test_vllm_scores_choices_from_its_cache_as_the_local_engine_does(vllm_server, smollm2):
