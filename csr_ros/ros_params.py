@@ -137,12 +137,13 @@ STATE = [
        min_value=256),
     # The action vocabulary is part of the fixed profile, so policy and reconciler read it.
     _p("actions.vocabulary", list(DEFAULT_ACTIONS), "typed actions, `name(arg: type, ...)` with "
-       "type str|int|float|bool|a|b|c|$seen_name ([] and no schema: free text only)",
-       element=str),
+       "type str|int|float|bool|a|b|c|$seen_name, bounded as int[min,max], float[min,max], "
+       "str[..max] ([] and no schema: free text only)", element=str),
     _p("actions.schema", "", "the vocabulary as a JSON schema instead (anyOf of "
        "{name: const, args: {...}} objects; '' = use actions.vocabulary)"),
     _p("actions.in_profile", True, "append the action list and its syntax to the profile"),
-    _p("actions.max_str_chars", 32, "longest text argument of an action", min_value=1),
+    _p("actions.max_str_chars", 32, "longest text argument of an action (a str without its "
+       "own [..max])", min_value=1),
 ]
 
 RESOURCE = [

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from rosbags.typesys import Stores, get_typestore
 
-from csr_ros.errors import ConfigError
+from csr_ros.errors import ActionSpecError, ConfigError
 from csr_ros.ros_params import (POLICY, SCHEMAS, load_params_file, match_publishers,
                                 parse_params_yaml, validate, validate_file)
 
@@ -50,6 +50,16 @@ def test_an_integer_for_a_float_parameter_is_rejected_with_the_fix():
 def test_rate_must_be_a_positive_frequency():
     with pytest.raises(ConfigError, match=r"policy: rate_hz must be > 0, got 0.0"):
         validate("policy", {"rate_hz": 0.0})
+
+
+def test_bounded_actions_validate_and_a_bad_bound_stops_the_node_with_the_reason():
+    bounded = ["wait()", "turn(degrees: int[-180,180])", "say(text: str[..80])"]
+    for node in ("policy", "reconciler"):
+        params = validate(node, {"actions.vocabulary": bounded})
+        assert params["actions.vocabulary"] == bounded
+    with pytest.raises(ActionSpecError, match=r"policy: .* the minimum 180 is above the "
+                                              r"maximum -180"):
+        validate("policy", {"actions.vocabulary": ["turn(degrees: int[180,-180])"]})
 
 
 def test_unknown_parameter_is_named_with_a_suggestion():
