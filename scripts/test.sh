@@ -8,9 +8,11 @@
 # test/test_colcon_install_ros.py builds the package with colcon as integrators do
 # (scripts/build_colcon.sh, into build/colcon; skipped when unchanged) and starts nodes from it.
 # CSR_ROS_REQUIRE_QWEN=1 fails the Qwen2 engine tests when setup.sh --qwen has not prepared
-# their model (test/test_engine_qwen2.py).
+# their model (test/test_engine_qwen2.py). setup.sh --robot builds .venv-robot, the robot side
+# without torch, from which test/test_robot_install_ros.py starts the nodes (it fails where
+# ROS is required and the venv is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --server --ros --vllm --qwen
+bash scripts/setup.sh --server --ros --vllm --qwen --robot
 export CSR_ROS_REQUIRE_ROS=1 CSR_ROS_REQUIRE_VLLM=1 CSR_ROS_REQUIRE_QWEN=1
 exec .venv/bin/python -m pytest -ra --durations=15 "$@"

@@ -92,17 +92,21 @@ class NodeProcess:
     """One node executable in its own process, output in a log file.
 
     The child imports this checkout's csr_ros (PYTHONPATH) and inherits the test run's
-    ROS_DOMAIN_ID and localhost-only discovery (set by conftest)."""
+    ROS_DOMAIN_ID and localhost-only discovery (set by conftest). `python`, `env` and `cwd`
+    start it elsewhere instead: another venv's interpreter with exactly `env`, from `cwd`."""
 
-    def __init__(self, module: str, *ros_args: str, log: Path):
+    def __init__(self, module: str, *ros_args: str, log: Path, python: str | None = None,
+                 env: dict[str, str] | None = None, cwd: Path = ROOT):
         self.module = module
         self.log_path = log
-        env = dict(os.environ, PYTHONUNBUFFERED="1",
-                   PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in os.environ.get(
-                       "PYTHONPATH", "").split(os.pathsep) if p]))
-        self.argv = [sys.executable, "-m", f"csr_ros.nodes.{module}", "--ros-args", *ros_args]
+        if env is None:
+            env = dict(os.environ, PYTHONUNBUFFERED="1",
+                       PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in os.environ.get(
+                           "PYTHONPATH", "").split(os.pathsep) if p]))
+        self.argv = [python or sys.executable, "-m", f"csr_ros.nodes.{module}", "--ros-args",
+                     *ros_args]
         self._log = open(log, "w", encoding="utf-8")
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(self.argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=subprocess.STDOUT)
 
     @property
