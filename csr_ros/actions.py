@@ -107,11 +107,6 @@ class Arg:
         return self.kind != "enum" or self.source is None or bool(self.values)
 
     @property
-    def ranged(self) -> bool:
-        """A number with a range, or a text with its own length range."""
-        return self.low is not None or self.max_chars is not None
-
-    @property
     def decimals(self) -> int:
         """A float's most fraction digits: 3, or what its bounds need (0 for an int)."""
         if self.kind != "float":

@@ -11,6 +11,7 @@ import json
 import re
 from decimal import Decimal
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -297,9 +298,9 @@ def test_every_number_the_grammar_decodes_parses_in_range(lltok, spec, data):
     for _ in range(40):
         if matcher.is_stopped():
             break
-        mask = matcher.compute_bitmask()
-        allowed = [i for i in range(lltok.vocab_size) if i not in eos
-                   and mask[i // 8] >> (i % 8) & 1]
+        bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8),
+                             bitorder="little")[:lltok.vocab_size]
+        allowed = [int(i) for i in np.flatnonzero(bits) if int(i) not in eos]
         if not allowed:
             break
         token = data.draw(st.sampled_from(allowed))
