@@ -10,8 +10,10 @@
   `tau_mem_tokens`. A question is built against the active version and asked on the resource
   that holds it, whose cache already holds the history: only the new tokens are prefilled.
 - `WindowMethod` ("window"): the newest chunks that fit in `window_tokens`, StreamingLLM-style,
-  after the profile, which stays as the attention sink. As the window slides its prefix
-  changes, so everything after the profile is recomputed.
+  after the profile, which stays as the attention sink; or the newest `window_chunks` chunks
+  (one: the robot's latest observation only, which tells a question its current state
+  answers from one that needs memory). As the window slides its prefix changes, so
+  everything after the profile is recomputed.
 - `Bm25Method` ("bm25"): the `k` chunks that BM25 (bm25s) ranks highest for the question, in
   time order, after the profile: a fresh prompt per question.
 - `NoMemoryMethod` ("none"): the profile and the question.
@@ -190,17 +192,28 @@ class NoMemoryMethod(MemoryMethod):
 class WindowMethod(MemoryMethod):
     name = "window"
 
-    def __init__(self, resource, tokenizer, layout, *, window_tokens: int, **kw):
-        if window_tokens < 0:
+    def __init__(self, resource, tokenizer, layout, *, window_tokens: int | None = None,
+                 window_chunks: int | None = None, **kw):
+        if (window_tokens is None) == (window_chunks is None):
+            raise ConfigError("a window holds window_tokens tokens or window_chunks chunks: "
+                              "give one of them")
+        if window_tokens is not None and window_tokens < 0:
             raise ConfigError(f"window_tokens must be >= 0, got {window_tokens}")
+        if window_chunks is not None and window_chunks < 1:
+            raise ConfigError(f"window_chunks must be >= 1, got {window_chunks}")
         super().__init__(resource, tokenizer, layout, **kw)
-        self.window_tokens = int(window_tokens)
+        self.window_tokens = None if window_tokens is None else int(window_tokens)
+        self.window_chunks = None if window_chunks is None else int(window_chunks)
 
     @property
     def budget(self) -> dict:
+        if self.window_chunks is not None:
+            return {"window_chunks": self.window_chunks}
         return {"window_tokens": self.window_tokens}
 
     def select(self, question: str) -> list[Chunk]:
+        if self.window_chunks is not None:
+            return self.history.chunks[-self.window_chunks:]
         chosen, total = [], 0
         for chunk in reversed(self.history.chunks):
             if total + chunk.n_tokens > self.window_tokens:
