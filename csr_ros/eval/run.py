@@ -10,6 +10,11 @@ another's prompt in a shared server cache (on the local engine each method has i
 every question is asked of all in turn). Every method sees the same observations and is asked
 the same questions at the same episode times.
 
+A question with choices shows them lettered, in an order shuffled with a seed per question
+(the same order for every method), and is asked once per choice-scoring rule (`scorings`:
+label, pmi, mean; csr_ros.eval.scoring) on the same committed state; an open question is asked
+once, and its record stands in every rule's row.
+
 Every answer is scored by exact match (`correct`); an open one also by token F1 (`f1`), and
 after the run by an LLM judge (`judge_records`). Each record says whether the question's
 evidence was inside the prompt (`evidence_covered`, None for a question without evidence).
@@ -19,14 +24,16 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
 from csr_ros.errors import ConfigError
 from csr_ros.eval.episode import NS_PER_S, EvalEpisode, Observation, Question
 from csr_ros.eval.evidence import covered, resolve
 from csr_ros.eval.methods import METHODS, Bm25Method, CsrMethod, NoMemoryMethod, WindowMethod
-from csr_ros.eval.scoring import ask, contains_answer, exact_match, token_f1
+from csr_ros.eval.scoring import (CHOICE_SCORINGS, ContentFreePrior, ask, ask_choices,
+                                  contains_answer, exact_match, lettered_options,
+                                  option_labels, option_order, token_f1)
 from csr_ros.layout import Layout
 from csr_ros.node_logic.suffix import InstantValue, build_suffix
 
@@ -37,6 +44,8 @@ PROFILE = (
 INSTANT_STALE_S = 30.0
 REPLAY_PROGRESS_S = 30.0          # a progress line this often while chunks replay between questions
 LOCAL_MAX_CONTEXT_TOKENS = 8192     # the local engine's default ceiling (K/V per method fork)
+LABEL_INSTRUCTION = "Answer with the letter of the right option only."
+TEXT_INSTRUCTION = "Answer with one of the options."
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,10 @@ class QuestionRecord:
     judge: float | None = None         # the judge's score: 1.0 / 0.0, or F1 if it said neither
     judge_parsed: bool | None = None   # the judge's reply held a yes or a no
     judge_reply: str | None = None
+    scoring: str = ""                  # the choice-scoring rule of the row (label, pmi, mean)
+    shown_choices: list = field(default_factory=list)   # the choices in the order shown
+    answer_label: str = ""             # the letter the right option was shown with
+    predicted_label: str = ""          # the letter of the option chosen ("" when none was)
 
 
 class EvalResources:
@@ -146,6 +159,16 @@ class EvalResources:
                      if spec.name == "csr" else primary)
         return EvalResources("local-fork", primary, secondary, self.tokenizer, mode=self.mode)
 
+    def content_free(self):
+        """A resource for the content-free prompt `pmi` calibrates with: on the local engine a
+        fork of its own (no method's committed run is touched); over HTTP the primary, which
+        scores it statelessly (`choice_logprobs`)."""
+        from csr_ros.resources.local import LocalResource
+
+        if self.primary.capabilities.capsules:
+            return LocalResource.from_engine(self.primary.engine.fork(), name="content-free")
+        return self.primary
+
     def warm_up(self) -> None:
         """One untimed query per resource: first forwards allocate and initialize kernels, and
         the first HTTP request opens the connection."""
@@ -194,35 +217,99 @@ def build_method(spec: MethodSpec, resources: EvalResources):
     return cls(resources.primary, resources.tokenizer, resources.layout, **budget, **common)
 
 
-def task_text(question: Question) -> str:
+def task_text(question: Question, scoring: str = "label",
+              shown: Sequence[str] | None = None) -> str:
+    """The question as the prompt's dynamic part asks it: the options lettered in the order
+    `shown` (default: as given), then how to answer (a letter for `label` scoring, the option's
+    words for the others)."""
     if question.choices:
-        return (f"Question: {question.question}\nOptions: {'; '.join(question.choices)}\n"
-                "Answer with one of the options.")
+        options = lettered_options(question.choices if shown is None else shown)
+        instruction = LABEL_INSTRUCTION if scoring == "label" else TEXT_INSTRUCTION
+        return f"Question: {question.question}\nOptions:\n{options}\n{instruction}"
     return f"Question: {question.question}\nAnswer in a few words."
+
+
+def content_free_request(resources: EvalResources, profile: str = PROFILE):
+    """The fixed content-free prompt `pmi` calibrates with: the profile and the instruction
+    to answer with an option, and no memory, question or options."""
+    from csr_ros.state import CsrState
+
+    state = CsrState(tokenizer=resources.tokenizer, layout=resources.layout, profile=profile,
+                     mode=resources.mode)
+    return state.build_request(task=TEXT_INSTRUCTION)
 
 
 def profile_text(episode: EvalEpisode, profile: str = PROFILE) -> str:
     return profile + ("\n" + episode.context if episode.context else "")
 
 
+@dataclass(frozen=True)
+class Asking:
+    """How every question of a run is asked, the same for every method."""
+
+    scorings: tuple[str, ...] = ("label",)   # choice-scoring rules, each a row per method
+    shuffle_seed: int | None = 0              # None: the options in their given order
+    max_new_tokens: int = 16                  # open answers
+    openai_choices: str = "auto"
+
+    def __post_init__(self):
+        bad = [r for r in self.scorings if r not in CHOICE_SCORINGS]
+        if not self.scorings or bad or len(set(self.scorings)) != len(self.scorings):
+            raise ConfigError(f"--choice-scoring takes distinct rules of "
+                              f"{', '.join(CHOICE_SCORINGS)}; got {','.join(self.scorings)!r}")
+
+    def shown(self, episode: EvalEpisode, question: Question) -> tuple[str, ...]:
+        """The question's choices in the order its prompt shows them."""
+        key = f"{episode.name}\x00{question.qid}\x00{question.t_s!r}\x00{question.question}"
+        order = option_order(len(question.choices), key, self.shuffle_seed)
+        return tuple(question.choices[i] for i in order)
+
+
 def evaluate(episodes: Sequence[EvalEpisode], specs: Sequence[MethodSpec],
-             resources: EvalResources, *, max_new_tokens: int = 16, choice_score: str = "mean",
+             resources: EvalResources, *, max_new_tokens: int = 16,
+             scorings: Sequence[str] = ("label",), shuffle_seed: int | None = 0,
              openai_choices: str = "auto", profile: str = PROFILE,
              progress: Callable[[str], None] | None = None, interleave: bool | None = None
              ) -> tuple[list[QuestionRecord], list[dict]]:
-    """(every answer, one summary of the run per method spec: label, budget, CSR counters).
+    """(every answer, one summary of the run per method spec and scoring rule: label, budget,
+    scoring, CSR counters).
 
+    `scorings`: the choice-scoring rules (csr_ros.eval.scoring.CHOICE_SCORINGS); a question with
+    choices is asked once per rule, an open one once (when no question has choices, the rows
+    carry no rule). `shuffle_seed`: the options' order per question (None: as given).
     `interleave` (default: on the local engine): every method has its own fork of the engine
     and each question is asked of all methods in turn, so a change in the machine's load hits
     every method alike. Otherwise (HTTP servers, whose prefix cache is shared) the methods run
     one after another over the whole input.
     """
+    asking = Asking(tuple(scorings), shuffle_seed, max_new_tokens, openai_choices)
+    if not any(q.choices for e in episodes for q in e.questions):
+        asking = replace(asking, scorings=("",))      # no choices: no rule applies
     if interleave is None:
         interleave = resources.kind == "local"
-    if interleave:
-        return _evaluate_interleaved(episodes, specs, resources, max_new_tokens=max_new_tokens,
-                                     choice_score=choice_score, openai_choices=openai_choices,
-                                     profile=profile, progress=progress)
+    prior_resource = prior = None
+    if "pmi" in asking.scorings:
+        prior_resource = resources.content_free()
+        prior = ContentFreePrior(prior_resource, content_free_request(resources, profile),
+                                 resources.tokenizer, openai_choices)
+    try:
+        if interleave:
+            return _evaluate_interleaved(episodes, specs, resources, asking=asking,
+                                         prior=prior, profile=profile, progress=progress)
+        return _evaluate_sequential(episodes, specs, resources, asking=asking, prior=prior,
+                                    profile=profile, progress=progress)
+    finally:
+        if prior_resource is not None and prior_resource is not resources.primary:
+            prior_resource.close()
+
+
+def _runs(method, spec: MethodSpec, asking: Asking, **extra) -> list[dict]:
+    """One run summary per scoring rule (the rows of the report)."""
+    return [{"method": method.name, "label": method.label, "budget": method.budget,
+             "matched": spec.note, "scoring": scoring, **extra} for scoring in asking.scorings]
+
+
+def _evaluate_sequential(episodes, specs, resources, *, asking, prior, profile, progress):
     records: list[QuestionRecord] = []
     runs: list[dict] = []
     n_questions = sum(len(e.questions) for e in episodes)
@@ -233,17 +320,16 @@ def evaluate(episodes: Sequence[EvalEpisode], specs: Sequence[MethodSpec],
         try:
             extra: dict = {}
             for episode in episodes:
-                mine.extend(_run_episode(method, episode, max_new_tokens=max_new_tokens,
-                                         choice_score=choice_score,
-                                         openai_choices=openai_choices, profile=profile,
-                                         tokenizer=resources.tokenizer, progress=progress,
-                                         done_before=len(mine), n_total=n_questions))
+                mine.extend(_run_episode(method, episode, asking=asking, prior=prior,
+                                         profile=profile, tokenizer=resources.tokenizer,
+                                         progress=progress,
+                                         done_before=len(mine) // len(asking.scorings),
+                                         n_total=n_questions))
                 for key, value in method.end().items():
                     extra[key] = extra.get(key, 0) + value
         finally:
             method.close()
-        runs.append({"method": method.name, "label": method.label, "budget": method.budget,
-                     "matched": spec.note, "wall_s": time.monotonic() - started, **extra})
+        runs.extend(_runs(method, spec, asking, wall_s=time.monotonic() - started, **extra))
         records.extend(mine)
         if progress is not None:
             n_ok = sum(r.correct for r in mine)
@@ -252,8 +338,7 @@ def evaluate(episodes: Sequence[EvalEpisode], specs: Sequence[MethodSpec],
     return records, runs
 
 
-def _evaluate_interleaved(episodes, specs, resources, *, max_new_tokens, choice_score,
-                          openai_choices, profile, progress):
+def _evaluate_interleaved(episodes, specs, resources, *, asking, prior, profile, progress):
     owned = [resources.own(spec) for spec in specs]
     methods = [build_method(spec, own) for spec, own in zip(specs, owned)]
     per_method: list[list[QuestionRecord]] = [[] for _ in methods]
@@ -284,16 +369,14 @@ def _evaluate_interleaved(episodes, specs, resources, *, max_new_tokens, choice_
                     continue
                 suffix = (clock_suffix(instant, item.t_s, episode.start_ns)
                           if episode.clock else "")
-                n_done += 1
                 line = []
                 for i, method in enumerate(methods):
-                    record = _ask_one(method, episode, item, suffix, len(per_method[i]),
-                                      tokenizer=resources.tokenizer,
-                                      max_new_tokens=max_new_tokens, choice_score=choice_score,
-                                      openai_choices=openai_choices, evidence=evidence[item])
-                    per_method[i].append(record)
-                    line.append(f"{method.label}: {'ok' if record.correct else 'no'} "
-                                f"{record.ttft_s:.2f}s")
+                    records = _ask_all(method, episode, item, suffix, n_done, asking=asking,
+                                       prior=prior, tokenizer=resources.tokenizer,
+                                       evidence=evidence[item])
+                    per_method[i].extend(records)
+                    line.append(f"{method.label}: " + _said(records))
+                n_done += 1
                 if progress is not None:
                     progress(f"[{n_done}/{n_total} t={item.t_s:.0f}s {item.kind or '-'}] "
                              + " | ".join(line))
@@ -306,13 +389,23 @@ def _evaluate_interleaved(episodes, specs, resources, *, max_new_tokens, choice_
         for own in owned:
             own.close()
     wall_s = time.monotonic() - started
-    runs = [{"method": m.name, "label": m.label, "budget": m.budget, "matched": spec.note,
-             "wall_s": wall_s, "interleaved": True, **extra}
-            for m, spec, extra in zip(methods, specs, extras)]
+    runs = [run for m, spec, extra in zip(methods, specs, extras)
+            for run in _runs(m, spec, asking, wall_s=wall_s, interleaved=True, **extra)]
     if progress is not None:
         for m, mine in zip(methods, per_method):
-            progress(f"[{m.label}] {sum(r.correct for r in mine)}/{len(mine)} correct")
+            for scoring in asking.scorings:
+                ours = [r for r in mine if r.scoring == scoring]
+                rule = f" ({scoring})" if scoring else ""
+                progress(f"[{m.label}{rule}] {sum(r.correct for r in ours)}/{len(ours)} "
+                         "correct")
     return [r for mine in per_method for r in mine], runs
+
+
+def _said(records: Sequence[QuestionRecord]) -> str:
+    """'ok 0.52s' for one rule; 'label ok 0.52s, pmi no 0.61s' for several."""
+    parts = [f"{r.scoring + ' ' if len(records) > 1 else ''}{'ok' if r.correct else 'no'} "
+             f"{r.ttft_s:.2f}s" for r in records]
+    return ", ".join(parts)
 
 
 def evidence_keys(episode: EvalEpisode) -> dict[Question, frozenset]:
@@ -322,15 +415,48 @@ def evidence_keys(episode: EvalEpisode) -> dict[Question, frozenset]:
             for q in episode.questions}
 
 
+def _ask_all(method, episode: EvalEpisode, question: Question, suffix: str, index: int, *,
+             asking: Asking, prior: ContentFreePrior | None, tokenizer,
+             evidence: frozenset = frozenset()) -> list[QuestionRecord]:
+    """The question's records, one per scoring rule, in the order of `asking.scorings`. A
+    question with choices is asked once for `label` (a letter) and once for the rules that
+    score the options' words (pmi, mean, sum share that prompt and its log-likelihoods), its
+    options in the same shuffled order; an open question once for all rules."""
+    if not question.choices:
+        record = _ask_one(method, episode, question, suffix, index, scorings=asking.scorings[:1],
+                          shown=(), asking=asking, prior=prior, tokenizer=tokenizer,
+                          evidence=evidence)[0]
+        return [record] + [replace(record, scoring=s) for s in asking.scorings[1:]]
+    shown = asking.shown(episode, question)
+    groups = [[s for s in asking.scorings if s == "label"],
+              [s for s in asking.scorings if s != "label"]]
+    by_rule = {}
+    for group in filter(None, groups):
+        for record in _ask_one(method, episode, question, suffix, index, scorings=tuple(group),
+                               shown=shown, asking=asking, prior=prior, tokenizer=tokenizer,
+                               evidence=evidence):
+            by_rule[record.scoring] = record
+    return [by_rule[s] for s in asking.scorings]
+
+
 def _ask_one(method, episode: EvalEpisode, question: Question, suffix: str, index: int, *,
-             tokenizer, max_new_tokens: int, choice_score: str, openai_choices: str,
-             evidence: frozenset = frozenset()) -> QuestionRecord:
-    resource, request, prepared = method.prompt(task_text(question), suffix, question.question)
-    answer = ask(resource, request, choices=question.choices, tokenizer=tokenizer,
-                 max_new_tokens=max_new_tokens, choice_score=choice_score,
-                 openai_choices=openai_choices)
+             scorings: tuple[str, ...], shown: Sequence[str], asking: Asking,
+             prior: ContentFreePrior | None, tokenizer,
+             evidence: frozenset = frozenset()) -> list[QuestionRecord]:
+    """One prompt, one answer per rule of `scorings` (rules that share the prompt)."""
+    resource, request, prepared = method.prompt(task_text(question, scorings[0], shown),
+                                                suffix, question.question)
+    if shown:
+        answers = ask_choices(resource, request, choices=shown, scorings=scorings,
+                              tokenizer=tokenizer, prior=prior,
+                              max_new_tokens=asking.max_new_tokens,
+                              openai_choices=asking.openai_choices)
+    else:
+        answers = {scorings[0]: ask(resource, request, max_new_tokens=asking.max_new_tokens)}
     n_history = request.n_static - len(_prefix_ids(method))
-    return QuestionRecord(
+    labels = option_labels(len(shown)) if shown else ()
+    covered_ = covered(evidence, method.last_chunks, method.seen) if evidence else None
+    return [QuestionRecord(
         method=method.name, label=method.label, budget=method.budget, episode=episode.name,
         qid=question.qid or f"{episode.name}/{index}", kind=question.kind,
         t_s=question.t_s, question=question.question, answer=question.answer,
@@ -341,18 +467,20 @@ def _ask_one(method, episode: EvalEpisode, question: Question, suffix: str, inde
         recomputed_tokens=prepared.n_recomputed, history_tokens=n_history,
         history_chunks=len(method.last_chunks), sub_type=question.sub_type,
         f1=None if question.choices else token_f1(answer.prediction, question.answer),
-        evidence_items=len(evidence),
-        evidence_covered=covered(evidence, method.last_chunks, method.seen) if evidence
-        else None)
+        evidence_items=len(evidence), evidence_covered=covered_,
+        scoring=scoring, shown_choices=list(shown),
+        answer_label=labels[shown.index(question.answer)] if shown else "",
+        predicted_label=answer.label) for scoring, answer in answers.items()]
 
 
-def _run_episode(method, episode: EvalEpisode, *, max_new_tokens: int, choice_score: str,
-                 openai_choices: str, profile: str, tokenizer, progress, done_before: int,
-                 n_total: int) -> list[QuestionRecord]:
+def _run_episode(method, episode: EvalEpisode, *, asking: Asking,
+                 prior: ContentFreePrior | None, profile: str, tokenizer, progress,
+                 done_before: int, n_total: int) -> list[QuestionRecord]:
     method.begin(profile_text(episode, profile))
     evidence = evidence_keys(episode)
     instant: dict[str, InstantValue] = {}
     out: list[QuestionRecord] = []
+    n_asked = 0
     for item in episode.timeline():
         if isinstance(item, Observation):
             if item.instant:
@@ -364,16 +492,15 @@ def _run_episode(method, episode: EvalEpisode, *, max_new_tokens: int, choice_sc
         suffix = ""
         if episode.clock:
             suffix = clock_suffix(instant, question.t_s, episode.start_ns)
-        record = _ask_one(method, episode, question, suffix, len(out), tokenizer=tokenizer,
-                          max_new_tokens=max_new_tokens, choice_score=choice_score,
-                          openai_choices=openai_choices, evidence=evidence[question])
-        out.append(record)
+        records = _ask_all(method, episode, question, suffix, n_asked, asking=asking,
+                           prior=prior, tokenizer=tokenizer, evidence=evidence[question])
+        out.extend(records)
+        n_asked += 1
         if progress is not None:
-            done = done_before + len(out)
             n_ok = sum(r.correct for r in out)
-            progress(f"[{method.label}] {done}/{n_total} questions, episode {episode.name}: "
-                     f"{n_ok}/{len(out)} correct, last TTFT {record.ttft_s:.3f} s, "
-                     f"{record.recomputed_tokens} tokens recomputed")
+            progress(f"[{method.label}] {done_before + n_asked}/{n_total} questions, episode "
+                     f"{episode.name}: {n_ok}/{len(out)} correct, last "
+                     f"{_said(records)}, {records[-1].recomputed_tokens} tokens recomputed")
     return out
 
 

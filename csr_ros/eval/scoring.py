@@ -1,39 +1,58 @@
 """Answering one question on a resource, and judging the answer.
 
-Questions with choices are scored by the log-likelihood of each choice given the prompt:
+A question with choices shows its options lettered (A, B, C, ...) in the prompt's dynamic part,
+in an order shuffled with a seed per question (`option_order`), so CSR's cached prefix is the
+same for every question and a position bias cannot pass for recall. The answer is scored by a
+rule (`CHOICE_SCORINGS`):
+- `label` (the default): the letters' log-probabilities as the first answer token, read in the
+  one pass that prefills the dynamic part (MMLU's convention, AMA-Bench's MCQ form). Where no
+  server gives log-probabilities (llama.cpp's), a greedy one-token answer constrained to the
+  letters;
+- `pmi`: each option's summed log-likelihood after the prompt minus its log-likelihood after a
+  fixed content-free prompt (`ContentFreePrior`, once per option): domain-conditional PMI
+  (Holtzman et al. 2021, "Surface Form Competition"), which cancels how likely an option's
+  wording is whatever came before;
+- `mean` / `sum`: the option's log-likelihood per token / summed. Length- and surface-biased: a
+  two-token option whose second token is nearly certain after its first ("living room") wins
+  whatever the prompt holds. Kept for comparison.
+How the options' log-likelihoods are read:
 - local engine: the request's static tokens are committed (only those not cached yet), the
-  dynamic part is prefilled once inside a scratch block, and each choice is scored from a
-  scratch of that state, token by token, so the context is never recomputed per choice;
+  dynamic part is prefilled once inside a scratch block, and each option is scored from a
+  scratch of that state, token by token, so the context is never recomputed per option;
 - OpenAI-compatible servers that compute prompt log-probabilities correctly (vLLM, SGLang):
-  one streamed request for TTFT, then one request per choice with `echo` and `logprobs`,
-  whose prefix is served from the server's cache;
+  one streamed request for TTFT, then the options from the server's cache
+  (`OpenAIResource.choice_logprobs`);
 - llama.cpp servers (llama-cpp-python): its echoed log-probabilities are paired one position
-  late and cost a sort of the vocabulary per prompt token, so the choice is instead the one a
-  greedy answer names (`match_choice`); the prompt lists the choices either way.
-A choice's score is the mean log-probability of its tokens (`choice_score="mean"`, the default:
-choices of different token lengths compete fairly) or their sum (`"sum"`).
+  late and cost a sort of the vocabulary per prompt token, so `label` is a constrained
+  one-token answer, `mean` the option a greedy answer names (`match_choice`), and `pmi`, which
+  needs log-likelihoods, is refused (`check_scoring`).
 
 Other (open) questions: a greedy answer, scored as AMA-Bench scores open answers: normalized
 exact match and token F1 here (`normalize_answer`, `token_f1`), and an LLM judge
 (`csr_ros.eval.judge`) after the run.
 
 TTFT is measured at one point per backend: from the call until the prompt is processed and the
-first answer token is known; `decision_s` runs until the answer is chosen (all choices scored,
+first answer token is known; `decision_s` runs until the answer is chosen (all options scored,
 or greedy decoding finished).
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
 import re
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
+from csr_ros.actions import OutputConstraint
 from csr_ros.errors import ConfigError, ResourceError, StateMismatchError
 from csr_ros.state import Request
 
-CHOICE_SCORES = ("mean", "sum")
+CHOICE_SCORINGS = ("label", "pmi", "mean", "sum")
+LENGTH_BIASED = ("mean", "sum")        # scored by the option's own wording, not only the prompt
+LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 @dataclass(frozen=True)
@@ -41,7 +60,36 @@ class Answer:
     prediction: str
     ttft_s: float
     decision_s: float
-    choice_scores: tuple[float, ...] = ()
+    choice_scores: tuple[float, ...] = ()   # per option as shown (label: per letter)
+    label: str = ""                         # the letter of the option chosen ("" if none was)
+
+
+# -- options as shown ---------------------------------------------------------------------------
+
+def option_labels(n: int) -> tuple[str, ...]:
+    """The letters of `n` options: A, B, C, ..."""
+    if not 1 <= n <= len(LABELS):
+        raise ConfigError(f"a question has {n} options; label scoring letters 1 to "
+                          f"{len(LABELS)}")
+    return tuple(LABELS[:n])
+
+
+def option_order(n: int, key: str, seed: int | None) -> tuple[int, ...]:
+    """The order the options of a question are shown in: a permutation of range(n) drawn from
+    `seed` and the question's `key` (stable across processes, unlike hash()); the given order
+    when `seed` is None. The key holds no method, so every method sees the same order."""
+    order = list(range(n))
+    if seed is None:
+        return tuple(order)
+    digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
+    random.Random(int.from_bytes(digest[:8], "big")).shuffle(order)
+    return tuple(order)
+
+
+def lettered_options(options: Sequence[str]) -> str:
+    """One line per option: 'A. kitchen'."""
+    return "\n".join(f"{label}. {option}"
+                     for label, option in zip(option_labels(len(options)), options))
 
 
 # -- judging ------------------------------------------------------------------------------------
@@ -95,34 +143,174 @@ def contains_answer(prediction: str, answer: str) -> bool:
 
 # -- asking -------------------------------------------------------------------------------------
 
-def ask(resource, request: Request, *, choices: Sequence[str] = (), tokenizer=None,
-        max_new_tokens: int = 16, choice_score: str = "mean",
+def ask(resource, request: Request, *, choices: Sequence[str] = (), scoring: str = "label",
+        tokenizer=None, prior: "ContentFreePrior | None" = None, max_new_tokens: int = 16,
         openai_choices: str = "auto") -> Answer:
-    """Answer one question on `resource` (a local or OpenAI resource) for `request`."""
-    if choice_score not in CHOICE_SCORES:
-        raise ConfigError(f"choice_score must be one of {CHOICE_SCORES}, got {choice_score!r}")
+    """Answer one question on `resource` (a local or OpenAI resource) for `request`.
+
+    `choices` in the order the prompt shows them (lettered A, B, ... for `label`); `scoring`
+    one of CHOICE_SCORINGS; `prior` the content-free log-likelihoods `pmi` subtracts."""
     if not choices:
         started = time.perf_counter()
         result = resource.query(request, max_new_tokens=max_new_tokens, stop=("\n",))
         return Answer(prediction=result.text.strip(), ttft_s=result.ttft_s,
                       decision_s=time.perf_counter() - started)
-    if resource.capabilities.capsules:
-        if tokenizer is None:
-            raise ConfigError("scoring choices on the local engine needs the tokenizer")
-        choice_ids = [list(tokenizer.encode_data(c)) for c in choices]
-        ttft_s, decision_s, logprobs = score_choices_local(resource, request, choice_ids)
-    elif openai_choice_mode(resource, openai_choices) == "logprobs":
-        ttft_s, decision_s, logprobs = score_choices_openai(resource, request, choices)
+    return ask_choices(resource, request, choices=choices, scorings=(scoring,),
+                       tokenizer=tokenizer, prior=prior, max_new_tokens=max_new_tokens,
+                       openai_choices=openai_choices)[scoring]
+
+
+def ask_choices(resource, request: Request, *, choices: Sequence[str], scorings: Sequence[str],
+                tokenizer=None, prior: "ContentFreePrior | None" = None,
+                max_new_tokens: int = 16, openai_choices: str = "auto") -> dict[str, Answer]:
+    """Each rule's answer to one question with choices, from one pass: the rules share the
+    prompt, so they are `label` alone or rules that score the options' text (pmi, mean, sum:
+    the options' log-likelihoods are read once and each rule ranks them its way)."""
+    for scoring in scorings:
+        if scoring not in CHOICE_SCORINGS:
+            raise ConfigError(f"choice scoring must be one of {CHOICE_SCORINGS}, "
+                              f"got {scoring!r}")
+    if "label" in scorings and len(scorings) > 1:
+        raise ConfigError("label scoring asks for a letter, the others for the option's "
+                          "words: they need prompts of their own")
+    labels = option_labels(len(choices))
+    mode = "local" if resource.capabilities.capsules else \
+        openai_choice_mode(resource, openai_choices)
+    if mode == "local" and tokenizer is None:
+        raise ConfigError("scoring choices on the local engine needs the tokenizer")
+    if list(scorings) == ["label"]:
+        if mode == "generate":
+            return {"label": _constrained_label(resource, request, choices, labels)}
+        ttft_s, decision_s, logprobs = _logprobs(resource, request, labels, mode, tokenizer,
+                                                 single_token=True)
+        ranked = {"label": tuple(lps[0] for lps in logprobs)}
+    elif mode == "generate":
+        if "pmi" in scorings:
+            raise ConfigError(_NO_LOGPROBS_FOR_PMI)
+        named = _named_choice(resource, request, choices, labels, max_new_tokens)
+        return {scoring: named for scoring in scorings}
     else:
-        started = time.perf_counter()
-        result = resource.query(request, max_new_tokens=max_new_tokens, stop=("\n",))
-        named = match_choice(result.text, choices)
-        return Answer(prediction=named if named is not None else result.text.strip(),
-                      ttft_s=result.ttft_s, decision_s=time.perf_counter() - started)
-    scores = tuple(sum(lp) / len(lp) if choice_score == "mean" else sum(lp) for lp in logprobs)
-    best = max(range(len(choices)), key=lambda i: scores[i])
-    return Answer(prediction=choices[best], ttft_s=ttft_s, decision_s=decision_s,
-                  choice_scores=scores)
+        ttft_s, decision_s, logprobs = _logprobs(resource, request, choices, mode, tokenizer)
+        ranked = {}
+        for scoring in scorings:
+            if scoring == "pmi":
+                if prior is None:
+                    raise ConfigError("pmi scoring needs the content-free prior "
+                                      "(ContentFreePrior)")
+                ranked[scoring] = tuple(sum(lp) - base
+                                        for lp, base in zip(logprobs, prior(choices)))
+            elif scoring == "mean":
+                ranked[scoring] = tuple(sum(lp) / len(lp) for lp in logprobs)
+            else:
+                ranked[scoring] = tuple(sum(lp) for lp in logprobs)
+    answers = {}
+    for scoring, scores in ranked.items():
+        best = max(range(len(choices)), key=lambda i: scores[i])
+        answers[scoring] = Answer(prediction=choices[best], ttft_s=ttft_s,
+                                  decision_s=decision_s, choice_scores=scores,
+                                  label=labels[best])
+    return answers
+
+
+_NO_LOGPROBS_FOR_PMI = ("pmi scoring needs the options' log-likelihoods, which this server does "
+                        "not give (llama.cpp's echoes them one position late): use "
+                        "--choice-scoring label, or a vLLM or SGLang server")
+
+
+def check_scoring(resource, scorings: Sequence[str], openai_choices: str = "auto") -> None:
+    """Refuse, before a run, a scoring rule `resource` cannot apply."""
+    for scoring in scorings:
+        if scoring not in CHOICE_SCORINGS:
+            raise ConfigError(f"choice scoring must be one of {CHOICE_SCORINGS}, "
+                              f"got {scoring!r}")
+    if "pmi" in scorings and not resource.capabilities.capsules and \
+            openai_choice_mode(resource, openai_choices) == "generate":
+        raise ConfigError(_NO_LOGPROBS_FOR_PMI)
+
+
+def _logprobs(resource, request: Request, texts: Sequence[str], mode: str, tokenizer, *,
+              single_token: bool = False) -> tuple[float, float, list[list[float]]]:
+    """(ttft_s, decision_s, per-token log-probs of each of `texts` as the answer)."""
+    if mode == "local":
+        ids = [list(tokenizer.encode_data(t)) for t in texts]
+        if single_token and any(len(i) != 1 for i in ids):
+            raise ConfigError(f"the option letters {list(texts)} are not one token each in this "
+                              "tokenizer; score by pmi instead")
+        return score_choices_local(resource, request, ids)
+    ttft_s, decision_s, logprobs = score_choices_openai(resource, request, texts)
+    if single_token and any(len(lp) != 1 for lp in logprobs):
+        raise ConfigError(f"the option letters {list(texts)} are not one token each in "
+                          f"{resource.url}'s tokenizer; score by pmi instead")
+    return ttft_s, decision_s, logprobs
+
+
+def _constrained_label(resource, request: Request, choices: Sequence[str],
+                       labels: Sequence[str]) -> Answer:
+    """A greedy one-token answer that the server may only draw from the letters (a grammar):
+    the letter with the highest logit, as `label` scoring reads it elsewhere."""
+    grammar = "root ::= " + " | ".join(f'"{label}"' for label in labels)
+    started = time.perf_counter()
+    result = resource.query(request, max_new_tokens=1,
+                            constraint=OutputConstraint("choice", grammar, tuple(labels)))
+    said = result.text.strip()
+    if said in labels:
+        return Answer(prediction=choices[labels.index(said)], ttft_s=result.ttft_s,
+                      decision_s=time.perf_counter() - started, label=said)
+    # A server that ignored the grammar: the answer names no option and is scored wrong.
+    return Answer(prediction=said, ttft_s=result.ttft_s,
+                  decision_s=time.perf_counter() - started)
+
+
+def _named_choice(resource, request: Request, choices: Sequence[str], labels: Sequence[str],
+                  max_new_tokens: int) -> Answer:
+    """The option a greedy answer names (mean and sum where no log-probabilities are given)."""
+    started = time.perf_counter()
+    result = resource.query(request, max_new_tokens=max_new_tokens, stop=("\n",))
+    named = match_choice(result.text, choices)
+    return Answer(prediction=named if named is not None else result.text.strip(),
+                  ttft_s=result.ttft_s, decision_s=time.perf_counter() - started,
+                  label=labels[list(choices).index(named)] if named is not None else "")
+
+
+class ContentFreePrior:
+    """Each option's summed log-likelihood after a fixed content-free prompt, computed once per
+    option text (so once per option set) and shared by every method of a run: what `pmi`
+    subtracts so that an option's own wording does not decide the answer.
+
+    `request`: the content-free prompt (no memory, no question, no options). `resource`: a
+    resource of its own on the local engine (a fork: its committed run is the content-free
+    prompt), or an OpenAI resource (scored statelessly, `choice_logprobs`)."""
+
+    def __init__(self, resource, request: Request, tokenizer, openai_choices: str = "auto"):
+        self.resource = resource
+        self.request = request
+        self.tokenizer = tokenizer
+        self.mode = ("local" if resource.capabilities.capsules
+                     else openai_choice_mode(resource, openai_choices))
+        if self.mode == "generate":
+            raise ConfigError(_NO_LOGPROBS_FOR_PMI)
+        self._scores: dict[str, float] = {}
+
+    @property
+    def n_scored(self) -> int:
+        """Options scored so far (each once)."""
+        return len(self._scores)
+
+    def __call__(self, options: Sequence[str]) -> tuple[float, ...]:
+        missing = [o for o in dict.fromkeys(options) if o not in self._scores]
+        if missing:
+            if self.mode == "local":
+                if self.resource.committed_ids != self.request.static_ids:
+                    self.resource.load(self.request.static_ids)
+                ids = [list(self.tokenizer.encode_data(o)) for o in missing]
+                _, _, logprobs = score_choices_local(self.resource, self.request, ids)
+            else:
+                prompt = (list(self.request.ids) if self.request.text is None
+                          else self.request.text)
+                logprobs = self.resource.choice_logprobs(prompt, missing)
+            for option, lps in zip(missing, logprobs):
+                self._scores[option] = sum(lps)
+        return tuple(self._scores[o] for o in options)
 
 
 def score_choices_local(resource, request: Request, choice_ids: Sequence[Sequence[int]]

@@ -10,6 +10,12 @@ gives the window and BM25 as many history tokens as CSR held on average, `("ttft
 the history a prefill can process in CSR's TTFT p50 (measured prefill rate); both run side by
 side when both are named.
 
+A question with choices shows its options lettered, shuffled with a seed per question
+(`shuffle_seed`), and is scored by each rule of `choice_scoring` (label by default; pmi; mean,
+length-biased, kept for comparison): one row per method, budget and rule. Beside the window
+matched to CSR runs a window of the latest chunk only (`window_chunks`), and the report checks
+each row for bias: its most frequent answer, and whether it answers as no memory does.
+
 Open answers are scored by exact match and token F1, and, with `judge_url` (any
 OpenAI-compatible server) or `judge_model` (a model the local engine loads), by an LLM judge
 after the run, as AMA-Bench scores them. The judge is never the evaluated model unless
@@ -24,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from csr_ros.errors import ConfigError
-from csr_ros.eval.run import MethodSpec
+from csr_ros.eval.run import Asking, MethodSpec
 
 FORMATS = ("auto", "bag", "ama", "patrol")
 MATCHES = ("tokens", "ttft", "none")
@@ -50,10 +56,12 @@ class EvalSettings:
     reserve_tokens: int = 256
     n_catchup: int = 64
     window_tokens: tuple[int, ...] | None = None
+    window_chunks: tuple[int, ...] = (1,)  # windows of the latest chunks, beside the matched one
     bm25_k: tuple[int, ...] | None = None
     match: tuple[str, ...] = ("tokens",)  # of MATCHES; none alone
     max_new_tokens: int = 16
-    choice_score: str = "mean"
+    choice_scoring: tuple[str, ...] = ("label",)   # rules of scoring.CHOICE_SCORINGS, a row each
+    shuffle_seed: int | None = 0          # the options' order per question (None: as given)
     openai_choices: str = "auto"
     judge_url: str | None = None
     judge_model_name: str | None = None
@@ -81,6 +89,9 @@ class EvalSettings:
                 ("none" in self.match and len(self.match) > 1):
             raise ConfigError(f"--match takes tokens, ttft, ttft,tokens or none; got "
                               f"{','.join(self.match)!r}")
+        Asking(tuple(self.choice_scoring))                 # validates the rules
+        if any(n < 1 for n in self.window_chunks):
+            raise ConfigError(f"--window-chunks takes counts >= 1, got {self.window_chunks}")
 
 
 @dataclass(frozen=True)
@@ -95,8 +106,9 @@ class StudyResult:
 
 def run_study(s: EvalSettings, progress: Callable[[str], None] | None = None) -> StudyResult:
     """Load the input, fix the budgets, run every method, judge the open answers."""
-    from csr_ros.eval.report import markdown_table, summarize
+    from csr_ros.eval.report import bias_table, bias_warnings, markdown_table, summarize
     from csr_ros.eval.run import evaluate
+    from csr_ros.eval.scoring import check_scoring
 
     judge_spec = check_judge(s)
     fmt, episodes = load_input(s)
@@ -110,15 +122,18 @@ def run_study(s: EvalSettings, progress: Callable[[str], None] | None = None) ->
     resources = make_resources(s)
     started = time.monotonic()
     try:
+        check_scoring(resources.primary, s.choice_scoring, s.openai_choices)
         max_context = resources.max_context_tokens
         csr_specs = [MethodSpec("csr", csr_budget(s, tau, max_context))
                      for tau in s.tau_mem or [max_context // 2]]
-        kwargs = dict(max_new_tokens=s.max_new_tokens, choice_score=s.choice_score,
-                      openai_choices=s.openai_choices, progress=progress)
+        kwargs = dict(max_new_tokens=s.max_new_tokens, scorings=s.choice_scoring,
+                      shuffle_seed=s.shuffle_seed, openai_choices=s.openai_choices,
+                      progress=progress)
         resources.warm_up()
         # Budgets are fixed before the run (so every method can be asked each question in
         # turn): CSR's history at each question is a deterministic fold of the chunks.
-        csr_rows = [plan_csr(spec, episodes, resources) for spec in csr_specs]
+        csr_rows = [plan_csr(spec, episodes, resources, s.choice_scoring[0])
+                    for spec in csr_specs]
         others = []
         for name in s.methods:
             if name == "csr":
@@ -130,6 +145,11 @@ def run_study(s: EvalSettings, progress: Callable[[str], None] | None = None) ->
                     if budget not in seen:
                         seen.append(budget)
                         others.append(MethodSpec(name, budget, note))
+            if name == "window":
+                # The latest chunk alone: what the robot's current state answers, not memory.
+                others += [MethodSpec("window", {"window_chunks": n},
+                                      "the latest chunk" if n == 1 else f"the latest {n} chunks")
+                           for n in s.window_chunks]
         specs = (csr_specs if "csr" in s.methods else []) + others
         interleave = resources.kind == "local" and not s.sequential
         records, runs = evaluate(episodes, specs, resources, interleave=interleave,
@@ -157,21 +177,44 @@ def run_study(s: EvalSettings, progress: Callable[[str], None] | None = None) ->
         if judge_spec[0] == "url":
             judge_spec[1].close()
     rows = summarize(records, runs)
+    warnings = bias_warnings(rows)
     table = markdown_table(rows)
+    n_choice = sum(bool(q.choices) for e in episodes for q in e.questions)
+    if n_choice:
+        table += "\n\n" + bias_table(rows) + "\n\n" + options_note(s, n_choice)
     if any(r["n_open"] for r in rows):
         table += ("\n\nOpen answers judged by " + judge_name if judge_name else
                   "\n\nNo judge ran (--judge-url or --judge-model): the judge column is empty")
+    if warnings:
+        table += "\n\n" + "\n".join(f"**Warning:** {w}" for w in warnings)
+    for warning in warnings:
+        _say(progress, f"warning: {warning}")
     meta = {"input": [str(p) for p in s.input], "format": fmt,
             "resource": s.resource, "urls": s.url,
             "model": s.model or "smollm2", "backend": resources.backend,
             "max_context_tokens": max_context, "match": ",".join(s.match),
-            "choice_score": s.choice_score, "judge": judge_name,
+            "choice_scoring": list(s.choice_scoring) if n_choice else [],
+            "shuffle_seed": s.shuffle_seed, "options": options_note(s, n_choice),
+            "warnings": warnings, "judge": judge_name,
             "n_episodes": len(episodes),
             "n_questions": n_questions, "wall_s": time.monotonic() - started}
     engine = s.resource if resources.backend is None else f"{resources.backend} local"
+    scored = f", scored by {'/'.join(s.choice_scoring)}" if n_choice else ""
     title = (f"{fmt}: {n_questions} questions, {s.model or 'smollm2'} ({engine}), "
-             f"budgets matched by {' and '.join(s.match)}")
+             f"budgets matched by {' and '.join(s.match)}{scored}")
     return StudyResult(fmt, rows, records, table, meta, title)
+
+
+def options_note(s: EvalSettings, n_choice: int) -> str:
+    """How the options of the questions with choices were shown and scored (the report's
+    line under the table)."""
+    if not n_choice:
+        return "no question has choices"
+    order = ("in the order given (--no-shuffle)" if s.shuffle_seed is None else
+             f"in an order shuffled per question, seed {s.shuffle_seed} (the same for every "
+             "method and rule)")
+    return (f"{n_choice} questions with choices: options shown lettered {order}; scored by "
+            f"{', '.join(s.choice_scoring)}")
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -339,7 +382,7 @@ def other_budgets(name: str, s: EvalSettings, match: str, csr_rows: list[dict], 
     return budgets
 
 
-def plan_csr(spec, episodes, resources) -> dict:
+def plan_csr(spec, episodes, resources, scoring: str = "label") -> dict:
     """CSR's history at each question, folded from the chunks without a model: the same state,
     eviction policy and threshold as the run (a replay waits for each reconciliation, so no
     chunk arrives during one). Also a representative request for TTFT calibration."""
@@ -367,7 +410,7 @@ def plan_csr(spec, episodes, resources) -> dict:
                     state = state.evicted(evict(state.chunk_tokens))
                 continue
             suffix = clock_suffix(instant, item.t_s, episode.start_ns) if episode.clock else ""
-            request = state.build_request(task=task_text(item), suffix=suffix)
+            request = state.build_request(task=task_text(item, scoring), suffix=suffix)
             history.append(state.n_static - len(state.prefix_ids))
             dynamic.append(request.n_dynamic)
             requests.append(request)

@@ -4,6 +4,7 @@
     csr-ros eval episodes.jsonl --format ama --tau-mem 2048 --match tokens
     csr-ros eval patrol_out/ --format patrol --duration-s 600 --n-questions 60
     csr-ros eval task_alfworld_1.json --judge-url http://127.0.0.1:8080   # an AMA episode
+    csr-ros eval patrol_out/ --format patrol --choice-scoring label,pmi,mean  # a row per rule
     csr-ros eval run1/ --questions q.jsonl --resource openai \
         --url http://gpu:8001 --url http://gpu:8002
 
@@ -60,14 +61,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     budget.add_argument("--reserve-tokens", type=int, default=256)
     budget.add_argument("--n-catchup", type=int, default=64)
     budget.add_argument("--window-tokens", default=None, help="window: history tokens K")
+    budget.add_argument("--window-chunks", default="1",
+                        help="window: also run windows of the latest N chunks, beside the "
+                             "matched one (default 1: the latest chunk only, what the robot's "
+                             "current state answers; 'none' for no such row)")
     budget.add_argument("--bm25-k", default=None, help="bm25: chunks retrieved k")
     budget.add_argument("--match", default="tokens",
                         help="budgets not given are matched to CSR's: tokens (default), ttft, "
                              "both (ttft,tokens), or none")
     ask = parser.add_argument_group("asking")
     ask.add_argument("--max-new-tokens", type=int, default=16, help="greedy answers")
-    ask.add_argument("--choice-score", choices=("mean", "sum"), default="mean",
-                     help="a choice's log-likelihood per token (mean, default) or summed")
+    ask.add_argument("--choice-scoring", default="label",
+                     help="how a question with choices is scored; comma-separated rules run "
+                          "side by side, a row each: label (default: the options lettered in "
+                          "the prompt, the letters' log-probabilities as the answer), pmi (an "
+                          "option's log-likelihood minus its log-likelihood after a fixed "
+                          "content-free prompt), mean (an option's log-likelihood per token: "
+                          "LENGTH-BIASED, an option whose later tokens follow from its first "
+                          "wins whatever the prompt holds; kept for comparison), sum (the "
+                          "summed log-likelihood: biased the other way, to short options)")
+    ask.add_argument("--shuffle-seed", type=int, default=0,
+                     help="the options' order, shuffled per question from this seed and the "
+                          "question (the same for every method and rule; default 0)")
+    ask.add_argument("--no-shuffle", action="store_true",
+                     help="show the options in their given order")
     ask.add_argument("--openai-choices", choices=("auto", "logprobs", "generate"),
                      default="auto", help="choices over HTTP: echo logprobs or a greedy answer "
                                           "matched to them (auto: logprobs on vLLM/SGLang)")
@@ -120,10 +137,14 @@ def run(args: argparse.Namespace) -> int:
 
     progress = None if args.quiet else stderr_progress
     say = progress or (lambda message: None)
+    window_chunks = (() if args.window_chunks.strip().lower() == "none"
+                     else ints(args.window_chunks, "--window-chunks", minimum=1))
     settings = from_args(EvalSettings, args, input=tuple(args.input), methods=words(args.methods),
                          match=words(args.match), tau_mem=ints(args.tau_mem, "--tau-mem"),
                          window_tokens=ints(args.window_tokens, "--window-tokens"),
-                         bm25_k=ints(args.bm25_k, "--bm25-k"))
+                         window_chunks=window_chunks, bm25_k=ints(args.bm25_k, "--bm25-k"),
+                         choice_scoring=words(args.choice_scoring),
+                         shuffle_seed=None if args.no_shuffle else args.shuffle_seed)
     if args.write_ama is not None:
         from csr_ros.eval.patrol_questions import write_patrol_ama
 
