@@ -187,19 +187,23 @@ def _tiny_args(tmp_path, *extra):
 def _check_report(tmp_path, n_questions: int) -> dict:
     report = json.loads((tmp_path / "e.json").read_text())
     rows = report["methods"]
-    assert [r["method"] for r in rows] == ["csr", "window", "bm25", "none"]
+    # beside the window matched to CSR, a window of the latest chunk only
+    assert [r["method"] for r in rows] == ["csr", "window", "window", "bm25", "none"]
+    assert rows[2]["budget"] == {"window_chunks": 1}
+    assert all(q["history_chunks"] == 1 for q in report["questions"]
+               if q["label"] == "window window_chunks=1")
     for row in rows:
         assert ISSUE_FIELDS <= set(row)
         assert row["n_questions"] == n_questions
         assert 0.0 <= row["accuracy"] <= 1.0
         assert row["ci95"][0] <= row["accuracy"] <= row["ci95"][1]
         assert 0 < row["ttft_p50_s"] <= row["ttft_p99_s"]
-    by = {r["method"]: r for r in rows}
+    by = {r["method"]: r for r in rows if "window_chunks" not in r["budget"]}
     assert by["none"]["history_tokens_mean"] == 0
     assert by["csr"]["evicted_chunks"] > 0, "tau_mem=150 must evict in this episode"
     # matched by tokens: the window holds about as much history as CSR did
     assert by["window"]["budget"]["window_tokens"] == round(by["csr"]["history_tokens_mean"])
-    assert len(report["questions"]) == 4 * n_questions
+    assert len(report["questions"]) == 5 * n_questions
     assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
     assert "| csr |" in (tmp_path / "e.md").read_text()
     return by

@@ -184,7 +184,7 @@ def test_vllm_scores_choices_from_its_cache_as_the_local_engine_does(vllm_server
         # reports the last prompt's count, and a request that skipped the cache reports 0.
         assert resource.last_choice_cached_tokens is not None
         assert resource.last_choice_cached_tokens >= _cached_floor(len(prompt))
-        answer = ask(resource, request, choices=choices)     # what `csr-ros eval` calls
+        answer = ask(resource, request, choices=choices, scoring="mean")  # as `csr-ros eval`
         local = SimpleNamespace(engine=smollm2, name="local")
         choice_ids = [list(smollm2.tokenizer.encode_data(c)) for c in choices]
         _, _, expected = score_choices_local(local, request, choice_ids)
@@ -196,6 +196,31 @@ def test_vllm_scores_choices_from_its_cache_as_the_local_engine_does(vllm_server
         assert got == pytest.approx(want, abs=2e-3)     # float32 both; kernels differ
     assert max(range(len(choices)), key=lambda i: sum(served[i])) == \
         max(range(len(choices)), key=lambda i: sum(expected[i]))
+
+
+def test_vllm_gives_the_letter_and_letter_scores_the_float32_local_engine_gives(vllm_server,
+                                                                           smollm2):
+    """Label scoring, float32 both: vLLM scores the letters by logprob_token_ids from its
+    cache, the local engine in one pass over the dynamic part; the same letter on every
+    prompt."""
+    from choice_prompts import lettered_prompts
+
+    from csr_ros.resources.local import LocalResource
+
+    local = LocalResource.from_engine(smollm2, name="local")
+    letters = []
+    with OpenAIResource(OpenAIOptions(vllm_server.url)) as resource:
+        assert resource.state_mode == "token"
+        for request, shown in lettered_prompts(resource.tokenizer, "token"):
+            resource.load(request.static_ids)
+            served = ask(resource, request, choices=shown, scoring="label")
+            smollm2.load(request.static_ids)
+            ours = ask(local, request, choices=shown, scoring="label",
+                       tokenizer=smollm2.tokenizer)
+            assert served.choice_scores == pytest.approx(ours.choice_scores, abs=2e-3)
+            assert served.label == ours.label
+            letters.append(ours.label)
+    assert len(set(letters)) > 1, "every prompt got one letter: the check tells nothing"
 
 
 def test_vllm_echoed_log_probabilities_of_the_converted_model_match_the_local_engine(
