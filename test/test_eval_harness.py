@@ -240,7 +240,8 @@ def test_budgets_matched_by_ttft_measure_csrs_ttft_once_for_the_window_and_bm25(
     assert err.count("csr tau_mem=150: measuring TTFT on a typical question") == 1
     assert err.count("csr tau_mem=150: TTFT ") == 1
     report = json.loads((tmp_path / "e.json").read_text())
-    matched = {r["method"]: r["matched"] for r in report["methods"]}
+    matched = {r["method"]: r["matched"] for r in report["methods"]
+               if "window_chunks" not in r["budget"]}
     assert matched["window"] == matched["bm25"] == "ttft of csr tau_mem=150"
 
 
@@ -355,10 +356,11 @@ def test_a_bag_evaluation_asks_each_question_at_its_time(speech_bag, tmp_path):
                  "--window-tokens", "48", "--max-context", "1024", "--tau-mem", "512",
                  "--threads", "1", "--max-new-tokens", "4", "--json", str(out), "--quiet"]) == 0
     report = json.loads(out.read_text())
-    by = {r["method"]: r for r in report["methods"]}
-    assert by["window"]["budget"] == {"window_tokens": 48}
+    by = {r["label"]: r for r in report["methods"]}
+    assert by["window window_tokens=48"]["budget"] == {"window_tokens": 48}
+    assert by["window window_chunks=1"]["budget"] == {"window_chunks": 1}
     csr = [q for q in report["questions"] if q["method"] == "csr"]
-    window = [q for q in report["questions"] if q["method"] == "window"]
+    window = [q for q in report["questions"] if q["label"] == "window window_tokens=48"]
     assert [q["t_s"] for q in csr] == [12.0, 31.0, 38.0]
     # CSR's cached history grows with time; the window's stays within its budget
     assert csr[0]["history_tokens"] < csr[1]["history_tokens"] < csr[2]["history_tokens"]

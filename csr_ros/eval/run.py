@@ -44,6 +44,7 @@ PROFILE = (
 INSTANT_STALE_S = 30.0
 REPLAY_PROGRESS_S = 30.0          # a progress line this often while chunks replay between questions
 LOCAL_MAX_CONTEXT_TOKENS = 8192     # the local engine's default ceiling (K/V per method fork)
+NO_RULE = ("",)                   # the rows' rule where no question has choices
 LABEL_INSTRUCTION = "Answer with the letter of the right option only."
 TEXT_INSTRUCTION = "Answer with one of the options."
 
@@ -247,12 +248,15 @@ def profile_text(episode: EvalEpisode, profile: str = PROFILE) -> str:
 class Asking:
     """How every question of a run is asked, the same for every method."""
 
-    scorings: tuple[str, ...] = ("label",)   # choice-scoring rules, each a row per method
+    scorings: tuple[str, ...] = ("label",)   # choice-scoring rules, each a row per method;
+                                             # NO_RULE where no question has choices
     shuffle_seed: int | None = 0              # None: the options in their given order
     max_new_tokens: int = 16                  # open answers
     openai_choices: str = "auto"
 
     def __post_init__(self):
+        if self.scorings == NO_RULE:
+            return
         bad = [r for r in self.scorings if r not in CHOICE_SCORINGS]
         if not self.scorings or bad or len(set(self.scorings)) != len(self.scorings):
             raise ConfigError(f"--choice-scoring takes distinct rules of "
@@ -284,7 +288,7 @@ def evaluate(episodes: Sequence[EvalEpisode], specs: Sequence[MethodSpec],
     """
     asking = Asking(tuple(scorings), shuffle_seed, max_new_tokens, openai_choices)
     if not any(q.choices for e in episodes for q in e.questions):
-        asking = replace(asking, scorings=("",))      # no choices: no rule applies
+        asking = replace(asking, scorings=NO_RULE)
     if interleave is None:
         interleave = resources.kind == "local"
     prior_resource = prior = None
