@@ -51,7 +51,6 @@ from csr_ros.errors import ConfigError, ResourceError, StateMismatchError
 from csr_ros.state import Request
 
 CHOICE_SCORINGS = ("label", "pmi", "mean", "sum")
-LENGTH_BIASED = ("mean", "sum")        # scored by the option's own wording, not only the prompt
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
@@ -144,7 +143,7 @@ def contains_answer(prediction: str, answer: str) -> bool:
 # -- asking -------------------------------------------------------------------------------------
 
 def ask(resource, request: Request, *, choices: Sequence[str] = (), scoring: str = "label",
-        tokenizer=None, prior: "ContentFreePrior | None" = None, max_new_tokens: int = 16,
+        tokenizer=None, prior: ContentFreePrior | None = None, max_new_tokens: int = 16,
         openai_choices: str = "auto") -> Answer:
     """Answer one question on `resource` (a local or OpenAI resource) for `request`.
 
@@ -161,7 +160,7 @@ def ask(resource, request: Request, *, choices: Sequence[str] = (), scoring: str
 
 
 def ask_choices(resource, request: Request, *, choices: Sequence[str], scorings: Sequence[str],
-                tokenizer=None, prior: "ContentFreePrior | None" = None,
+                tokenizer=None, prior: ContentFreePrior | None = None,
                 max_new_tokens: int = 16, openai_choices: str = "auto") -> dict[str, Answer]:
     """Each rule's answer to one question with choices, from one pass: the rules share the
     prompt, so they are `label` alone or rules that score the options' text (pmi, mean, sum:
