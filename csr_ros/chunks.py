@@ -4,7 +4,10 @@ Documented policy (each step either succeeds or raises a `ChunkError`; nothing i
 silently):
 
 1. bytes must be UTF-8: `invalid_utf8="reject"` raises `NonUtf8ChunkError` naming the offset;
-   `"replace"` substitutes U+FFFD for the bad bytes and keeps the rest.
+   `"replace"` substitutes U+FFFD for the bad bytes and keeps the rest. A str must be
+   encodable as UTF-8 too: a lone surrogate (what `surrogateescape` decoding leaves of a bad
+   byte) is refused or replaced the same way, as neither the tokenizer nor the chunk log can
+   take it.
 2. Surrounding whitespace is stripped and one newline is appended, so a chunk is a line block
    and two chunks can never merge into one token at their boundary (text mode relies on it).
    An empty or whitespace-only chunk raises `EmptyChunkError`.
@@ -19,6 +22,7 @@ silently):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,6 +31,7 @@ from csr_ros.errors import (ChunkTooLargeError, ConfigError, EmptyChunkError, No
 from csr_ros.tokenizer import Tokenizer
 
 WORD_JOINER = "\u2060"
+_SURROGATES = re.compile("[\ud800-\udfff]")
 TRUNCATION_MARKER = " …[truncated {n} tokens]"
 
 
@@ -47,6 +52,15 @@ class ChunkPolicy:
 
 def decode_text(raw: str | bytes, policy: ChunkPolicy) -> str:
     if isinstance(raw, str):
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            if policy.invalid_utf8 == "replace":
+                return _SURROGATES.sub("\ufffd", raw)
+            msg = (f"chunk text is not valid Unicode (character {exc.start}: a lone surrogate "
+                   f"{raw[exc.start:exc.end]!r}); set invalid_utf8='replace' to keep it with "
+                   "U+FFFD in its place")
+            raise NonUtf8ChunkError(msg) from None
         return raw
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise NonUtf8ChunkError(f"chunk must be str or bytes, got {type(raw).__name__}")

@@ -39,6 +39,19 @@ def test_non_utf8_bytes_are_kept_with_replacement_characters_when_configured(tok
     assert chunk.text == "scan\ufffd ok\n"
 
 
+def test_text_with_a_lone_surrogate_raises_non_utf8_chunk_error_and_appends_nothing(tokenizer):
+    state = make_state(tokenizer)
+    with pytest.raises(NonUtf8ChunkError, match=r"character 6: a lone surrogate"):
+        state.add("speech\udcff ok", source="speech")
+    assert state.chunks == [] and state.next_seq == 0
+
+
+def test_a_lone_surrogate_is_kept_as_a_replacement_character_when_configured(tokenizer):
+    state = make_state(tokenizer, invalid_utf8="replace")
+    (chunk,) = state.add("speech\udcff ok", source="speech")
+    assert chunk.text == "speech\ufffd ok\n"
+
+
 def test_valid_utf8_bytes_are_accepted(tokenizer):
     state = make_state(tokenizer)
     (chunk,) = state.add("über 😀".encode(), source="speech")
