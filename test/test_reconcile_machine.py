@@ -251,6 +251,20 @@ def test_machine_evicted_seqs_match_what_left_the_active_state():
     assert machine.evicted_seqs + active == seqs
 
 
+def test_machine_keeps_the_evicted_seqs_of_many_cycles_as_one_run():
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=400, reserve_tokens=48,
+                             n_catchup_tokens=0, mode="sync")
+    machine = Reconciliation(new_state(), ["r1"], config)
+    machine.start()
+    for i in range(400):
+        (chunk,) = machine.active.make_chunks(f"odom at {i},2 moving", source="o", stamp_ns=i)
+        machine.handle(ChunkArrived(chunk))
+    first = machine.active.chunks[0].seq
+    assert machine.counters.sync_evictions >= 20
+    assert machine.evicted.runs == [(0, first)], "a day of evictions costs one run, not a list"
+    assert len(machine.evicted) == first and machine.evicted_seqs == list(range(first))
+
+
 def test_machine_starts_the_next_cycle_when_the_threshold_was_crossed_during_a_reconciliation():
     config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=1000, reserve_tokens=48,
                              n_catchup_tokens=0)

@@ -32,6 +32,8 @@ Algorithm 1 of the CSR paper, with concurrent queries routed by version:
   new version holding none of the old stream's chunks (`new_stream`).
 - `capacity()` checks eq. 54 from the first measurements (arrival rate, prefill rate of any
   load or extend) and says what to change when reconciliation cannot keep up.
+- What the machine keeps stays bounded over a robot's day: the evicted seqs are kept as runs
+  of consecutive seqs (`SeqRuns`: one run per chunk stream), finished queries are forgotten.
 
 Pure: no threads, no clocks (times arrive in events as `now_s`), no I/O, no torch.
 """
@@ -218,6 +220,47 @@ class Counters:
     catchup_steps: int = 0
 
 
+class SeqRuns:
+    """Seqs in the order they were added, kept as runs of consecutive seqs `[first, end)`.
+
+    Evictions drop the oldest chunks of a gap-free stream, so a robot's whole day of evicted
+    seqs is one run (a new chunk stream starts another): memory stays flat however many chunks
+    pass. Any order is kept exactly; it is only compact when seqs follow each other.
+    """
+
+    def __init__(self, seqs=()):
+        self.runs: list[tuple[int, int]] = []
+        self._n = 0
+        self.extend(seqs)
+
+    def add(self, seq: int) -> None:
+        seq = int(seq)
+        if self.runs and self.runs[-1][1] == seq:
+            self.runs[-1] = (self.runs[-1][0], seq + 1)
+        else:
+            self.runs.append((seq, seq + 1))
+        self._n += 1
+
+    def extend(self, seqs) -> None:
+        for seq in seqs:
+            self.add(seq)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self):
+        for first, end in self.runs:
+            yield from range(first, end)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, SeqRuns):
+            return self.runs == other.runs
+        return list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"SeqRuns({self.runs!r})"
+
+
 @dataclass(frozen=True)
 class Viability:
     """Paper eq. 54: warm-up and catch-up must finish before the primary's context is full."""
@@ -279,7 +322,7 @@ class Reconciliation:
         self.pending: CsrState | None = None   # X_E plus caught-up chunks (next version)
         self.buffer: list[Chunk] = []          # arrived since X_E, not yet sent to the secondary
         self.counters = Counters()
-        self.evicted_seqs: list[Seq] = []      # dropped by policy, in order
+        self.evicted = SeqRuns()               # seqs dropped by policy, in order
         self.queries: dict[QueryId, tuple[Version, str]] = {}
         self._op_ids = itertools.count(1)
         self._timer_ids = itertools.count(1)
@@ -315,6 +358,12 @@ class Reconciliation:
     def primary_reloading(self) -> bool:
         """A reload of the primary (start, eviction, failover) is queued or waiting to retry."""
         return self._primary_op is not None or self._primary_retry_timer is not None
+
+    @property
+    def evicted_seqs(self) -> list[Seq]:
+        """Every seq dropped by policy, in order (expanded from `evicted`: for tests and
+        small runs; a long run reads `evicted.runs`)."""
+        return [Seq(s) for s in self.evicted]
 
     @property
     def buffer_tokens(self) -> int:
@@ -475,7 +524,7 @@ class Reconciliation:
             f"the chunk stream began again at seq 0 (the aggregator restarted without its chunk"
             f" log): v{new.version} holds none of the {len(old.chunks)} chunks "
             f"({old.n_static - len(old.prefix_ids)} tokens) of the old stream"))
-        self.evicted_seqs.extend(c.seq for c in old.chunks)
+        self.evicted.extend(c.seq for c in old.chunks)
         assert new.version > old.version, "versions only increase"
         self.active = new
         self.slots[self.primary].holds = new.version
@@ -732,7 +781,7 @@ class Reconciliation:
     def _activate(self, new: CsrState, reason: str, *, reload: bool,
                   committed_ids: tuple[int, ...] = ()) -> list[Command]:
         first_seq = new.chunks[0].seq if new.chunks else new.next_seq
-        self.evicted_seqs.extend(c.seq for c in self.active.chunks if c.seq < first_seq)
+        self.evicted.extend(c.seq for c in self.active.chunks if c.seq < first_seq)
         assert new.version > self.active.version, "versions only increase"
         self.active = new
         if reason != "failover":
