@@ -71,6 +71,7 @@ class ChunkLog:
         self.sync_failures = 0
         self.checkpoint_failures = 0
         self._mutex = threading.RLock()   # the node and the driver's workers both append
+        self._capsule_lock = threading.Lock()   # one capsule written at a time
         self._fd: int | None = None
         self._lock_fd: int | None = None
         try:
@@ -449,35 +450,62 @@ class ChunkLog:
         path = self.path / self.checkpoint.capsule
         return path if path.is_file() else None
 
-    def save_capsule(self, resource) -> Path:
+    def save_capsule(self, resource, *, version: int | None = None) -> Path:
         """Save `resource`'s capsule at its committed boundary into the log and name it in the
         checkpoint of the current version, so that a restart resumes from it (`resume`).
 
         The resource should hold the current version (the primary); a capsule that is not a
-        prefix of the rebuilt state only costs a full prefill on restart.
+        prefix of the rebuilt state only costs a full prefill on restart. `version`: the version
+        the caller saw the resource hold; if the log is at another one, nothing is saved. The
+        capsule is written outside the log's lock, so appends go on meanwhile; if a newer
+        version is logged before it is done, it is dropped (ChunkLogError), as it would name
+        a state that is no longer the checkpoint's.
         """
-        with self._mutex:
-            self._check_open()
-            base = self._capsule_base()
-            folder = self.path / CAPSULES
-            folder.mkdir(exist_ok=True)
+        with self._capsule_lock:
+            with self._mutex:
+                self._check_open()
+                base = self._capsule_base()
+                if version is not None and int(base.version) != int(version):
+                    raise ChunkLogError(f"{self.path}: the log is at v{base.version}, not "
+                                        f"v{version}: no capsule of v{version}")
+                folder = self.path / CAPSULES
+                folder.mkdir(exist_ok=True)
             tmp = folder / ".writing.tmp"
             try:
                 n_tokens = save_capsule(resource, tmp)
-                name = f"{CAPSULES}/{CAPSULE_PREFIX}v{int(base.version):012d}-{n_tokens}.capsule"
-                os.replace(tmp, self.path / name)
-                fsync_dir(folder)
             except OSError as exc:
                 tmp.unlink(missing_ok=True)
                 raise _os_error(exc, f"{self.path}: the capsule was not saved",
                                 "A restart prefills the whole state") from None
-            checkpoint = replace(base, capsule=name, capsule_tokens=n_tokens,
-                                 written_unix_s=float(self.clock()))
-            self._latest = checkpoint
-            if not self._store_checkpoint(checkpoint):
-                raise ChunkLogError(f"{self.path}: the capsule {name} was saved but the "
-                                    "checkpoint naming it was not written (see the warning)")
-            return self.path / name
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            with self._mutex:
+                try:
+                    self._check_open()
+                    now = self._capsule_base()
+                except ChunkLogError:
+                    tmp.unlink(missing_ok=True)
+                    raise
+                if now.version != base.version or now.first_seq != base.first_seq:
+                    tmp.unlink(missing_ok=True)
+                    raise ChunkLogError(f"{self.path}: v{base.version} was superseded while its "
+                                        "capsule was written; the capsule was dropped")
+                name = f"{CAPSULES}/{CAPSULE_PREFIX}v{int(base.version):012d}-{n_tokens}.capsule"
+                try:
+                    os.replace(tmp, self.path / name)
+                    fsync_dir(folder)
+                except OSError as exc:
+                    tmp.unlink(missing_ok=True)
+                    raise _os_error(exc, f"{self.path}: the capsule was not saved",
+                                    "A restart prefills the whole state") from None
+                checkpoint = replace(now, capsule=name, capsule_tokens=n_tokens,
+                                     written_unix_s=float(self.clock()))
+                self._latest = checkpoint
+                if not self._store_checkpoint(checkpoint):
+                    raise ChunkLogError(f"{self.path}: the capsule {name} was saved but the "
+                                        "checkpoint naming it was not written (see the warning)")
+                return self.path / name
 
     def _capsule_base(self) -> Checkpoint:
         if self._pending:
