@@ -18,29 +18,50 @@ catch-up: those run on the secondary's worker while the primary's worker answers
 
 TTFT is measured at one point: from the moment the query is built and routed to the first
 sampled token, so it includes any wait behind a synchronous eviction on the same resource.
+
+Over a robot's day, faults included:
+
+- Write-ahead: a chunk is applied only once the chunk log holds it. When the log's disk is full
+  the chunks are held here, in order, with the seqs they will have (the caller's stream moves
+  on), and appended as soon as the log takes records again (every later `add_chunk` and a
+  retry timer try); the state stays what a restart would rebuild from the log.
+- `query_timeout_s` bounds a query from routing to answer: past it the caller gets a failed
+  outcome at once, the resource counts as failed (failover), and a worker process that does
+  not answer is killed; a stalled server or worker never blocks the policy.
+- `capsule_every_s`: a capsule of the primary is saved into the chunk log after a version
+  change (at most that often), so a restart restores it and prefills only what follows.
+- What the driver remembers for reports (timeline, swaps, windows) is bounded.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from csr_ros.chunklog import ChunkLog
-from csr_ros.errors import ConfigError, CsrError, QueryCancelledError
+from csr_ros.errors import (ChunkLogError, ChunkLogFullError, ConfigError, CsrError,
+                            QueryCancelledError)
 from csr_ros.eviction import EvictionPolicy, drop_oldest_fraction
 from csr_ros.reconcile.machine import (ChunkArrived, Extend, Load, Notice, OpFinished,
                                        QueryFinished, QueryStarted, ReconcileConfig,
                                        Reconciliation, Route, StartTimer, TimerFired,
                                        VersionChanged)
 from csr_ros.resources.base import QueryResult, Resource
-from csr_ros.state import Chunk, CsrState, Request
+from csr_ros.state import Chunk, CsrState, Request, Seq
 
 log = logging.getLogger(__name__)
+
+HISTORY_EVENTS = 4096      # timeline events and reconciliation windows kept for reports
+HISTORY_SWAPS = 16         # swap records kept (each holds a whole committed run)
+MAX_HELD_CHUNKS = 100_000  # chunks held while the chunk log is full (days of a robot's stream)
+HELD_RETRY_S = 1.0         # how often held chunks are tried again when nothing else arrives
 
 
 @dataclass(frozen=True)
@@ -69,22 +90,28 @@ class TimelineEvent:
 
 @dataclass(frozen=True)
 class Accounting:
-    """Where every chunk is, taken under one lock: in the active state or evicted by policy."""
+    """Where every chunk is, taken under one lock: in the active state or evicted by policy
+    (`evicted_runs`: runs `[first, end)` of consecutive seqs, in eviction order)."""
 
     active_seqs: tuple[int, ...]
-    evicted_seqs: tuple[int, ...]
+    evicted_runs: tuple[tuple[int, int], ...]
     static_ids: tuple[int, ...]
     version: int
     primary: str
     counters: dict
 
+    @property
+    def evicted_seqs(self) -> tuple[int, ...]:
+        return tuple(s for first, end in self.evicted_runs for s in range(first, end))
+
     def check(self, sent_seqs: Sequence[int]) -> dict:
         """Compare with every seq that was sent: lost, duplicated, out of order."""
-        kept = set(self.active_seqs) | set(self.evicted_seqs)
+        evicted = self.evicted_seqs
+        kept = set(self.active_seqs) | set(evicted)
         lost = [s for s in sent_seqs if s not in kept]
-        duplicated = len(self.active_seqs) + len(self.evicted_seqs) - len(kept)
+        duplicated = len(self.active_seqs) + len(evicted) - len(kept)
         return {"lost": len(lost), "duplicated": duplicated,
-                "in_order": list(self.evicted_seqs) + list(self.active_seqs) == list(sent_seqs)}
+                "in_order": list(evicted) + list(self.active_seqs) == list(sent_seqs)}
 
 
 @dataclass
@@ -107,6 +134,7 @@ class _Worker:
         self._thread.start()
 
     def submit(self, fn: Callable[[], object]) -> Future:
+        """Queue `fn`; a future cancelled before it starts is skipped."""
         future: Future = Future()
         with self._lock:
             self._busy += 1
@@ -118,6 +146,12 @@ class _Worker:
         with self._lock:
             return self._busy == 0
 
+    @property
+    def backlog(self) -> int:
+        """Calls queued or running."""
+        with self._lock:
+            return self._busy
+
     def _loop(self) -> None:
         while True:
             item = self._queue.get()
@@ -125,9 +159,11 @@ class _Worker:
                 return
             fn, future = item
             try:
-                future.set_result(fn())
-            except BaseException as exc:   # delivered to whoever waits on the future
-                future.set_exception(exc)
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as exc:   # delivered to whoever waits on the future
+                        future.set_exception(exc)
             finally:
                 with self._lock:
                     self._busy -= 1
@@ -143,7 +179,7 @@ class Reconciler:
     def __init__(self, state: CsrState, resources: Sequence[Resource], config: ReconcileConfig,
                  *, policy: EvictionPolicy = drop_oldest_fraction,
                  chunk_log: ChunkLog | None = None, clock: Callable[[], float] = time.monotonic,
-                 logger: logging.Logger | None = None):
+                 logger: logging.Logger | None = None, capsule_every_s: float | None = None):
         names = [r.name for r in resources]
         if len(set(names)) != len(names):
             raise ConfigError(f"resources need distinct names, got {names}")
@@ -158,9 +194,20 @@ class Reconciler:
         self.machine = Reconciliation(state, names, config, policy=policy)
         self.chunk_log = chunk_log
         self.clock = clock
-        self.timeline: list[TimelineEvent] = []
-        self.swaps: list[SwapRecord] = []
-        self.windows: list[tuple[float, float | None]] = []   # reconciliation windows
+        self.capsule_every_s = capsule_every_s
+        # for reports, bounded: the newest events, windows and swaps
+        self.timeline: collections.deque[TimelineEvent] = collections.deque(
+            maxlen=HISTORY_EVENTS)
+        self.swaps: collections.deque[SwapRecord] = collections.deque(maxlen=HISTORY_SWAPS)
+        self.windows: collections.deque[tuple[float, float | None]] = collections.deque(
+            maxlen=HISTORY_EVENTS)                 # reconciliation windows (start, end)
+        self.held_since_s: float | None = None    # the chunk log is full since then
+        self.held_episodes = 0                    # times chunks had to be held
+        self.capsules_saved = 0
+        self._held: list[Chunk] = []              # made, not logged yet (disk full), in order
+        self._held_timer: threading.Timer | None = None
+        self._capsule_s: float | None = None      # when the last capsule was asked for
+        self._capsule_unsupported: set[str] = set()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._workers = {name: _Worker(name) for name in names}
@@ -181,18 +228,76 @@ class Reconciler:
             self.wait_idle(timeout_s=timeout_s)
 
     def add_chunk(self, raw: str | bytes, *, source: str = "", stamp_ns: int = 0) -> list[Chunk]:
-        """Validate, tokenize, log (write-ahead) and append one input; never blocks on a model."""
+        """Validate, tokenize, log (write-ahead) and append one input; never blocks on a model.
+
+        Returns the chunks with their seqs. While the chunk log cannot take records (disk
+        full) they are held, in order, and appended once it can (`held_chunks`); past
+        MAX_HELD_CHUNKS held ones this raises ChunkLogFullError and takes nothing. A
+        ChunkError (bad input) changes nothing either.
+        """
         with self._lock:
             chunks = self.machine.active.make_chunks(raw, source=source, stamp_ns=stamp_ns)
-            for chunk in chunks:
-                if self.chunk_log is not None:
-                    self.chunk_log.append_chunk(chunk)
-                self._handle(ChunkArrived(chunk, now_s=self.clock()))
+            if self._held:
+                if len(self._held) + len(chunks) > MAX_HELD_CHUNKS:
+                    raise ChunkLogFullError(
+                        f"{self.chunk_log.path}: {len(self._held)} chunks are held since the "
+                        f"chunk log filled up {self.clock() - self.held_since_s:.0f} s ago; "
+                        "no more are taken until it has space")
+                first = self._held[-1].seq + 1
+                chunks = [replace(c, seq=Seq(first + i)) for i, c in enumerate(chunks)]
+            self._held.extend(chunks)
+            self._append_held()
         return chunks
+
+    @property
+    def held_chunks(self) -> int:
+        """Chunks accepted but not in the state yet: the chunk log could not take them."""
+        with self._lock:
+            return len(self._held)
+
+    def _append_held(self) -> None:
+        """Under the lock: log and apply held chunks in order, until the log refuses one."""
+        while self._held:
+            chunk = self._held[0]
+            if self.chunk_log is not None:
+                try:
+                    self.chunk_log.append_chunk(chunk)
+                except ChunkLogFullError as exc:
+                    self._hold(exc)
+                    return
+            self._held.pop(0)
+            self._handle(ChunkArrived(chunk, now_s=self.clock()))
+        if self.held_since_s is not None:
+            self.log.warning("the chunk log takes records again after %.1f s: the held chunks "
+                             "are in the state, up to seq %d", self.clock() - self.held_since_s,
+                             self.machine.active.next_seq - 1)
+            self.held_since_s = None
+
+    def _hold(self, exc: ChunkLogFullError) -> None:
+        if self.held_since_s is None:
+            self.held_since_s = self.clock()
+            self.held_episodes += 1
+            self.log.error("%s; chunk %d and the ones after it are held, in order, and join "
+                           "the state once the log has room (decisions meanwhile see the state "
+                           "without them)", exc, self._held[0].seq)
+        if self._held_timer is None and not self._closed:
+            self._held_timer = threading.Timer(HELD_RETRY_S, self._retry_held)
+            self._held_timer.daemon = True
+            self._held_timer.start()
+
+    def _retry_held(self) -> None:
+        with self._lock:
+            self._held_timer = None
+            if not self._closed:
+                self._append_held()
 
     def new_stream(self) -> None:
         """The chunk stream began again at seq 0 (see `Reconciliation.new_stream`)."""
         with self._lock:
+            if self._held:              # chunks of the old stream, which leaves the state anyway
+                self.log.warning("the new stream drops %d chunks of the old one that were held "
+                                 "(the chunk log was full)", len(self._held))
+                self._held.clear()
             self._dispatch(self.machine.new_stream())
             self._changed.notify_all()
 
@@ -201,6 +306,7 @@ class Reconciler:
         """Build a request against the active version and answer it on the resource holding it.
         `on_token` goes to the resource's query (progress; what it raises ends the query). A
         QueryCancelledError it raises reaches the caller: the resource did not fail."""
+        timeout_s = self.config.query_timeout_s
         with self._lock:
             started_s = self.clock()
             inside = self.machine.reconciling
@@ -214,7 +320,7 @@ class Reconciler:
                                      on_token))
         outcome: QueryOutcome
         try:
-            wait_s, result = future.result()
+            wait_s, result = future.result(timeout=timeout_s)
             outcome = QueryOutcome(request=route.request, resource=route.resource,
                                    started_s=started_s, inside_window=inside, wait_s=wait_s,
                                    ttft_s=wait_s + result.ttft_s, result=result)
@@ -222,6 +328,18 @@ class Reconciler:
             with self._lock:
                 self._handle(QueryFinished(route.request.query_id, True, now_s=self.clock()))
             raise
+        except FutureTimeout:
+            # Not answered in time (a stalled server or worker, or work queued ahead of it):
+            # the policy goes on; a query not started yet never runs, a running one is the
+            # resource's to end (a worker process is killed at the same deadline).
+            waited = "queued behind other work" if future.cancel() else "running"
+            self.log.warning("query %d on %s not answered within %.1f s (%s); %s counts as "
+                             "failed", route.request.query_id, route.resource, timeout_s,
+                             waited, route.resource)
+            outcome = QueryOutcome(request=route.request, resource=route.resource,
+                                   started_s=started_s, inside_window=inside,
+                                   error=f"ResourceTimeoutError: not answered within "
+                                         f"{timeout_s:.1f} s ({waited})")
         except Exception as exc:  # a failed resource is an outcome, not a crash of the policy
             self.log.warning("query %d on %s failed: %s", route.request.query_id,
                              route.resource, exc)
@@ -242,8 +360,12 @@ class Reconciler:
             load_started = self.clock()
             resource.load(())
             wait_s += self.clock() - load_started
+        kwargs = {}
+        if self.config.query_timeout_s is not None and resource.capabilities.timeout:
+            # the deadline the caller waits for: a worker that does not answer by then dies
+            kwargs["timeout_s"] = max(0.1, self.config.query_timeout_s - wait_s)
         return wait_s, resource.query(route.request, max_new_tokens=max_new_tokens, stop=stop,
-                                      constraint=constraint, on_token=on_token)
+                                      constraint=constraint, on_token=on_token, **kwargs)
 
     # -- state for callers -----------------------------------------------------------------
 
@@ -270,7 +392,9 @@ class Reconciler:
             return {"phase": m.phase.value, "version": int(m.active.version),
                     "primary": m.primary, "n_static_tokens": m.active.n_static,
                     "n_chunks": len(m.active.chunks), "next_seq": int(m.active.next_seq),
-                    "buffer_tokens": m.buffer_tokens, **vars(m.counters),
+                    "buffer_tokens": m.buffer_tokens, "held_chunks": len(self._held),
+                    "primary_backlog": self._workers[m.primary].backlog,
+                    "primary_reloading": m.primary_reloading, **vars(m.counters),
                     "headroom_s": v.headroom_s, "arrival_tokens_per_s": v.arrival_tokens_per_s,
                     "warm_tokens_per_s": v.warm_tokens_per_s,
                     "catchup_tokens_per_s": v.catchup_tokens_per_s,
@@ -281,7 +405,7 @@ class Reconciler:
         with self._lock:
             m = self.machine
             return Accounting(active_seqs=tuple(int(c.seq) for c in m.active.chunks),
-                              evicted_seqs=tuple(int(s) for s in m.evicted_seqs),
+                              evicted_runs=tuple(m.evicted.runs),
                               static_ids=tuple(m.active.static_ids),
                               version=int(m.active.version), primary=m.primary,
                               counters=dict(vars(m.counters)))
@@ -307,6 +431,12 @@ class Reconciler:
             for timer in self._timers.values():
                 timer.cancel()
             self._timers.clear()
+            if self._held_timer is not None:
+                self._held_timer.cancel()
+            if self._held:
+                self.log.error("closing with %d chunks held (the chunk log was full): they are "
+                               "not in the log; the stream's source has them from seq %d",
+                               len(self._held), self._held[0].seq)
         deadline = time.monotonic() + timeout_s
         for worker in self._workers.values():
             worker.stop(max(0.0, deadline - time.monotonic()))
@@ -367,8 +497,49 @@ class Reconciler:
                                            f"primary {cmd.primary}"))
         if cmd.reason == "swap":
             self.swaps.append(SwapRecord(int(cmd.version), cmd.primary, cmd.committed_ids, now_s))
+        self._ask_capsule(cmd, now_s)
         self.log.debug("v%d active (%s) on %s: chunks from %d, %d static tokens", cmd.version,
                  cmd.reason, cmd.primary, cmd.first_seq, self.machine.active.n_static)
+
+    def _ask_capsule(self, cmd: VersionChanged, now_s: float) -> None:
+        """Under the lock: queue a capsule of the new primary behind the work it has queued,
+        so it is saved at a committed boundary of this version (at most every
+        `capsule_every_s`)."""
+        if self.chunk_log is None or self.capsule_every_s is None or \
+                cmd.primary in self._capsule_unsupported:
+            return
+        if self._capsule_s is not None and now_s - self._capsule_s < self.capsule_every_s:
+            return
+        self._capsule_s = now_s
+        version = int(cmd.version)
+        self._workers[cmd.primary].submit(lambda: self._save_capsule(cmd.primary, version))
+
+    def _save_capsule(self, name: str, version: int) -> None:
+        """On the resource's worker thread: every op queued before this one has run, so the
+        resource holds a prefix of `version` if it still is the primary of it."""
+        with self._lock:
+            if self._closed or self.machine.primary != name or \
+                    int(self.machine.active.version) != version or \
+                    self.machine.slots[name].failed:
+                return
+        resource = self.resources[name]
+        caps = resource.capabilities
+        try:
+            if not caps.capsules and not (caps.worker and resource.call("capabilities").capsules):
+                self._capsule_unsupported.add(name)
+                self.log.info("%s cannot save capsules: a restart prefills the whole state", name)
+                return
+            started_s = self.clock()
+            path = self.chunk_log.save_capsule(resource, version=version)
+        except ChunkLogError as exc:      # disk full, or the version moved on: the next one
+            self.log.info("no capsule of v%d: %s", version, exc)
+            return
+        except CsrError as exc:           # the resource failed: its queries will say so
+            self.log.warning("capsule of v%d on %s failed: %s", version, name, exc)
+            return
+        self.capsules_saved += 1
+        self.log.debug("capsule of v%d saved in %.2f s: %s", version, self.clock() - started_s,
+                       path.name)
 
     def _run_op(self, cmd: Load | Extend) -> None:
         """On the resource's worker thread: run one Load/Extend, then report it."""

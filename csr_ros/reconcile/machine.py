@@ -62,12 +62,17 @@ class ReconcileConfig:
     mode: str = "asr"                  # asr | sync (evict on the primary) | unordered (no reuse)
     retry_base_s: float = 0.5
     retry_max_s: float = 8.0
-    warm_timeout_s: float | None = None
+    warm_timeout_s: float | None = None    # a Load or Extend (any purpose) that takes longer fails
+    query_timeout_s: float | None = None   # a query not answered in this time fails (the driver)
     rate_halflife_s: float = 10.0      # smoothing of the token arrival rate
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ConfigError(f"reconcile mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("warm_timeout_s", "query_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} must be > 0 (or None: no limit), got {value}")
         if self.tau_mem_tokens <= 0 or self.n_catchup_tokens < 0 or self.reserve_tokens < 0:
             raise ConfigError("tau_mem_tokens must be > 0, n_catchup_tokens and reserve_tokens >= 0")
         if self.tau_mem_tokens + self.reserve_tokens > self.max_context_tokens:
@@ -803,7 +808,7 @@ class Reconciliation:
         slot.ops.add(op_id)
         return [Load(op_id=op_id, resource=slot.name, version=self.active.version,
                      ids=tuple(self.active.static_ids), purpose=purpose,
-                     text=_text_of(self.active))]
+                     timeout_s=self.config.warm_timeout_s, text=_text_of(self.active))]
 
     def _eager_extend(self) -> list[Command]:
         """Prefill chunks the primary does not hold yet, while it has no query to answer."""
@@ -824,7 +829,7 @@ class Reconciliation:
         self._eager_ops[op_id] = (slot.name, self.active.version)
         return [Extend(op_id=op_id, resource=slot.name, version=self.active.version, ids=ids,
                        first_seq=chunks[0].seq, last_seq=chunks[-1].seq, purpose="eager",
-                       text=_text_of(self.active, chunks))]
+                       timeout_s=self.config.warm_timeout_s, text=_text_of(self.active, chunks))]
 
     def _first_unissued_seq(self, n_issued: int) -> Seq:
         n = len(self.active.prefix_ids)

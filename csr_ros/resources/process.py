@@ -18,8 +18,10 @@ both compute.
 
 A dead child raises `ResourceUnavailableError` (its committed state is gone). `load()` replaces
 the whole committed run anyway, so it starts a fresh child first: a warm-up retry after a crash
-recovers by itself. A call given `timeout_s` that does not answer in time kills the child and
-raises `ResourceTimeoutError`.
+recovers by itself; `revive()` starts one at once, so that the next load does not wait for the
+model to load. A call given `timeout_s` that does not answer in time kills the child and
+raises `ResourceTimeoutError`. A child whose parent died (killed, say) exits within a second,
+even in the middle of a computation: nothing is left running for a person to clean up.
 """
 
 from __future__ import annotations
@@ -92,10 +94,7 @@ class ProcessResource:
     def load(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
              timeout_s: float | None = None) -> PrefillResult:
         with self._lock:
-            if not self.alive:
-                log.warning("resource %s: worker process is gone; starting a new one", self.name)
-                self._spawn_locked()
-                self.restarts += 1
+            self._revive_locked()
             return self._call_locked("load", (tuple(ids), text), {"version": version},
                                      timeout_s)
 
@@ -179,6 +178,20 @@ class ProcessResource:
         """Run `func(resource, *args, **kwargs)` in the child (`func` must be importable)."""
         with self._lock:
             return self._call_locked(func, args, kwargs, timeout_s)
+
+    def revive(self) -> bool:
+        """Start a new worker process if the current one is dead (True if one was started).
+        It holds nothing yet; the next `load` fills it. Waits for a call in progress."""
+        with self._lock:
+            return self._revive_locked()
+
+    def _revive_locked(self) -> bool:
+        if self.alive:
+            return False
+        log.warning("resource %s: worker process is gone; starting a new one", self.name)
+        self._spawn_locked()
+        self.restarts += 1
+        return True
 
     def kill(self) -> None:
         """Kill the worker process now (fault injection, or a hung child)."""
@@ -300,6 +313,7 @@ def start_side_by_side(names: Sequence[str], kind: str = "local",
 
 
 def _child_main(conn, kind: str, options: dict) -> None:
+    _exit_with_parent()
     threads = options.get("threads")
     if threads:
         for variable in _THREAD_VARIABLES:
@@ -340,6 +354,20 @@ def _child_main(conn, kind: str, options: dict) -> None:
         resource.close()
     except Exception:
         pass
+
+
+def _exit_with_parent(poll_s: float = 1.0) -> None:
+    """A thread that ends this worker once its parent is gone: the pipe's end-of-file would
+    only be seen after the current computation, which may be a long prefill."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="csr-parent-watch", daemon=True).start()
 
 
 def _thread_ids(pid: int) -> list[int]:
