@@ -28,7 +28,7 @@ from rclpy.node import Node
 
 from csr_ros import ros_params
 from csr_ros.chunklog import ChunkLog, last_stream, rebuild_state
-from csr_ros.errors import ChunkError, ConfigError, ResourceError
+from csr_ros.errors import ChunkError, ChunkLogFullError, ConfigError, ResourceError
 from csr_ros.eviction import make_policy
 from csr_ros.msg import StateChunk, SwapEvent
 from csr_ros.node_logic.stream import (ChunkEvent, Lost, SeqOrderer, Step, StreamTracker, lost_text,
@@ -72,6 +72,7 @@ class ReconcilerNode(Node):
         self.catching_up = True                # until the aggregator's history is folded
         self.started_s = time.monotonic()
         self.lost_while_running = 0
+        self.unlogged: list[ChunkEvent] = []   # before the start, while the chunk log is full
 
         self.events_group = MutuallyExclusiveCallbackGroup()
         self.client_group = ReentrantCallbackGroup()
@@ -187,6 +188,9 @@ class ReconcilerNode(Node):
                                  chunk_log=self.chunk_log, logger=node_python_logger(self))
         self.driver.start(wait=False)
         self.state = None                      # the driver's machine owns it now
+        for event in self.unlogged:            # chunks the full chunk log could not take
+            self._add(event)
+        self.unlogged.clear()
         self._publish_version(reason="start")
         self.get_logger().info(f"started: v{self.published_version} on "
                                f"{self.driver.machine.primary}")
@@ -242,10 +246,16 @@ class ReconcilerNode(Node):
 
     def _add(self, event: ChunkEvent) -> None:
         if self.driver is None:
-            chunk, _ = make_chunk(self.state, event)
-            if self.chunk_log is not None:
-                self.chunk_log.append_chunk(chunk)
-            self.state.append(chunk)
+            if not self.unlogged:
+                chunk, _ = make_chunk(self.state, event)
+                try:
+                    if self.chunk_log is not None:
+                        self.chunk_log.append_chunk(chunk)
+                    self.state.append(chunk)
+                    return
+                except ChunkLogFullError as exc:   # the orderer moved on: keep it, in order
+                    self.get_logger().error(f"{exc}; chunk {event.seq} waits for the start")
+            self.unlogged.append(event)            # the driver takes them (and holds them)
             return
         try:
             chunks = self.driver.add_chunk(event.text, source=event.source,
