@@ -341,6 +341,24 @@ def test_machine_falls_back_to_a_synchronous_eviction_when_the_warm_up_cannot_fi
     assert machine.evicted_seqs + [c.seq for c in machine.active.chunks] == sent
 
 
+def test_machine_fallback_version_holds_the_chunk_that_forced_it():
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=300, reserve_tokens=48,
+                             eager_extend=False)
+    machine = Reconciliation(new_state(), ["r1", "r2"], config)
+    (start,) = machine.start()
+    machine.handle(OpFinished(start.op_id, True))
+    commands = []
+    while machine.counters.fallbacks == 0:
+        (chunk,) = machine.active.make_chunks("camera sees the red mug at 1.25 m", source="c",
+                                              stamp_ns=0)
+        commands = machine.handle(ChunkArrived(chunk))
+    (change,) = [c for c in commands if isinstance(c, VersionChanged)]
+    assert machine.active.chunks[-1].seq == chunk.seq
+    assert (change.version, change.first_seq, change.next_seq) == \
+        (machine.active.version, machine.active.chunks[0].seq, chunk.seq + 1), \
+        "the version record covers every chunk of the state it names"
+
+
 def test_machine_context_room_is_exactly_what_a_chunk_may_take_without_a_fallback():
     config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=300, reserve_tokens=48,
                              eager_extend=False)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence, Union
 
 from csr_ros.errors import ConfigError, ContextOverflowError
@@ -553,11 +553,18 @@ class Reconciliation:
 
     def _on_chunk(self, ev: ChunkArrived) -> list[Command]:
         chunk = ev.chunk
+        if chunk.seq != self.active.next_seq:
+            self.active.append(chunk)      # raises ChunkOrderError on a gap, nothing changed
         cmds: list[Command] = []
         if chunk.n_tokens > self.context_room_tokens:
             limit = self.config.max_context_tokens - self.config.reserve_tokens
             cmds += self._fallback(chunk.n_tokens, limit)
-        self.active.append(chunk)          # raises ChunkOrderError on a gap, nothing changed
+        self.active.append(chunk)
+        if cmds:
+            # The fallback's version holds this chunk too: its change says so, as the chunk
+            # log has the chunk before the version record and a restart folds it into it.
+            cmds = [replace(c, next_seq=self.active.next_seq) if isinstance(c, VersionChanged)
+                    else c for c in cmds]
         self.counters.chunks_in += 1
         self._arrival.add(chunk.n_tokens, ev.now_s)
         if self.pending is not None:
