@@ -137,6 +137,24 @@ def test_the_records_in_memory_are_what_a_restart_reads_and_stay_the_size_of_the
     assert max(sizes) < 330, "trimmed at every checkpoint, never the whole history"
 
 
+def test_a_chunk_logged_before_a_version_record_that_ends_below_it_stays_in_the_restart(
+        tmp_path, tokenizer, layout):
+    # A fallback used to log the chunk that forced it, then a version ending before that chunk
+    # (the state of the version held it all the same). Such logs must still restart whole.
+    path = tmp_path / "log"
+    records = [chunk(s) for s in range(10)] + [VersionRecord(1, 5, 9, "fallback")] + \
+        [chunk(s) for s in range(10, 13)]
+    with ChunkLog(path, fsync_interval_s=60) as chunk_log:
+        feed(chunk_log, records)
+        in_memory = list(chunk_log.records)
+    assert in_memory == read_from_checkpoint(path)
+    restarted = rebuild_state(read_from_checkpoint(path), new_state(tokenizer, layout))
+    whole = rebuild_state(read_log(path), new_state(tokenizer, layout))
+    assert [c.seq for c in restarted.chunks] == list(range(5, 13)) == \
+        [c.seq for c in whole.chunks]
+    assert restarted.static_ids == whole.static_ids and restarted.version == 1
+
+
 def test_records_that_begin_after_chunk_0_rebuild_a_state_that_starts_there_with_a_warning(
         tmp_path, tokenizer, layout, caplog):
     path = tmp_path / "log"

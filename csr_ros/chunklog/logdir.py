@@ -284,6 +284,7 @@ def _image_from_checkpoint(directory: Path, checkpoint: Checkpoint,
     image = LogImage(checkpoint=checkpoint, checkpoints=checkpoints)
     folder = _Folder(image)
     base: list[ChunkRecord] = []
+    ahead: list[ChunkRecord] = []      # after the state's chunks, logged before its version
     tail: list[Record] = []
     number = checkpoint.keep_segment
     while True:
@@ -307,8 +308,11 @@ def _image_from_checkpoint(directory: Path, checkpoint: Checkpoint,
                 if isinstance(record, ChunkRecord):
                     if checkpoint.first_seq <= record.seq < checkpoint.next_seq:
                         base.append(record)
+                    elif record.seq >= checkpoint.next_seq:
+                        ahead.append(record)
                 elif isinstance(record, VersionRecord) and record.reason == "stream":
                     base.clear()
+                    ahead.clear()
                 folder.see(number, record)
             image.stream, image.version = checkpoint.stream, checkpoint.version
         if number >= checkpoint.tail_segment:
@@ -323,8 +327,11 @@ def _image_from_checkpoint(directory: Path, checkpoint: Checkpoint,
             f"{directory}: checkpoint v{checkpoint.version} holds chunks {checkpoint.first_seq} "
             f"to {checkpoint.next_seq - 1}, but segments {checkpoint.keep_segment} to "
             f"{checkpoint.tail_segment} have {_ranges(seqs) or 'none of them'}")
+    # A chunk logged before the version record but not in its range (the chunk that forced a
+    # fallback, as writers before 2026-12 logged it) still belongs to the state after it.
+    ahead = [r for i, r in enumerate(ahead) if r.seq == checkpoint.next_seq + i]
     image.records = ([StreamRecord(checkpoint.stream)] if checkpoint.stream else []) + \
-        [checkpoint] + base + tail
+        [checkpoint] + base + ahead + tail
     return image
 
 

@@ -319,7 +319,7 @@ class ChunkLog:
                                 tail_segment=tail_segment, tail_offset=tail_offset,
                                 written_unix_s=float(self.clock()))
         self.records = ([StreamRecord(self._stream)] if self._stream else []) + [checkpoint] + \
-            base + self.records[before:]
+            base + _after_state(self.records[:before], record) + self.records[before:]
         self._chunk_seqs = {n: top for n, top in self._chunk_seqs.items() if n >= keep}
         self._latest = checkpoint
         self._record_counts.clear()
@@ -592,6 +592,18 @@ def _describe(record: Record) -> str:
     if isinstance(record, VersionRecord):
         return f"version record v{record.version}"
     return f"stream record {getattr(record, 'stream', '')!r}"
+
+
+def _after_state(records: list[Record], version: VersionRecord) -> list[ChunkRecord]:
+    """Chunk records past `version`'s range that were logged before its record (what a restart
+    from its checkpoint folds after the state's chunks, see logdir)."""
+    ahead: list[ChunkRecord] = []
+    for record in records:
+        if isinstance(record, ChunkRecord) and record.seq >= version.next_seq:
+            ahead.append(record)
+        elif isinstance(record, VersionRecord) and record.reason == "stream":
+            ahead.clear()
+    return [r for i, r in enumerate(ahead) if r.seq == version.next_seq + i]
 
 
 def _state_chunks(records: list[Record], version: VersionRecord) -> list[ChunkRecord] | None:
