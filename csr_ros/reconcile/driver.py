@@ -45,7 +45,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from csr_ros.chunklog import ChunkLog
+from csr_ros.chunklog import ChunkLog, read_from_checkpoint, rebuild_state
 from csr_ros.errors import (ChunkLogError, ChunkLogFullError, ConfigError, CsrError,
                             QueryCancelledError)
 from csr_ros.eviction import EvictionPolicy, drop_oldest_fraction
@@ -112,6 +112,21 @@ class Accounting:
         duplicated = len(self.active_seqs) + len(evicted) - len(kept)
         return {"lost": len(lost), "duplicated": duplicated,
                 "in_order": list(evicted) + list(self.active_seqs) == list(sent_seqs)}
+
+
+@dataclass(frozen=True)
+class LogCheck:
+    """The active state against the one the chunk log rebuilds (`Reconciler.log_check`)."""
+
+    equal: bool                    # token ids, version and seqs all the same
+    version: int
+    log_version: int
+    n_static_tokens: int
+    log_static_tokens: int
+    seqs: tuple[int, int]          # [first, next) of the active state's chunks
+    log_seqs: tuple[int, int]
+    held_chunks: int               # accepted, not in the log yet (the log was full)
+    pending_versions: int          # version records the log still holds back
 
 
 @dataclass
@@ -409,6 +424,30 @@ class Reconciler:
                               static_ids=tuple(m.active.static_ids),
                               version=int(m.active.version), primary=m.primary,
                               counters=dict(vars(m.counters)))
+
+    def log_check(self) -> LogCheck:
+        """The state a restart would rebuild from the chunk log on disk (its checkpoint and
+        what follows) against the active one, token for token, with nothing moving meanwhile.
+        While the log is full, held chunks and version records make them differ: said in
+        `held_chunks` and `pending_versions`."""
+        assert self.chunk_log is not None, "log_check needs a chunk log"
+        with self._lock:
+            active = self.machine.active
+            empty = CsrState(tokenizer=active.tokenizer, layout=active.layout,
+                             profile=active.profile, mode=active.mode, policy=active.policy)
+            rebuilt = rebuild_state(read_from_checkpoint(self.chunk_log.path), empty)
+            seqs = [int(c.seq) for c in active.chunks]
+            log_seqs = [int(c.seq) for c in rebuilt.chunks]
+            return LogCheck(
+                equal=(tuple(rebuilt.static_ids) == tuple(active.static_ids)
+                       and rebuilt.version == active.version and log_seqs == seqs
+                       and rebuilt.next_seq == active.next_seq),
+                version=int(active.version), log_version=int(rebuilt.version),
+                n_static_tokens=active.n_static, log_static_tokens=rebuilt.n_static,
+                seqs=(seqs[0] if seqs else int(active.next_seq), int(active.next_seq)),
+                log_seqs=(log_seqs[0] if log_seqs else int(rebuilt.next_seq),
+                          int(rebuilt.next_seq)),
+                held_chunks=len(self._held), pending_versions=self.chunk_log.pending_versions)
 
     def wait_idle(self, *, timeout_s: float | None = None) -> bool:
         """Wait until no reconciliation runs and every resource has finished its work."""
