@@ -359,6 +359,34 @@ def test_machine_fallback_version_holds_the_chunk_that_forced_it():
         "the version record covers every chunk of the state it names"
 
 
+def test_machine_recovers_a_new_primary_that_fails_while_the_old_one_still_reloads():
+    # A fallback reloads r1; before that ends, the next cycle warms r2 and swaps to it. When r2
+    # then fails, the machine must recover r2's role, not wait for r1's old reload.
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=300, reserve_tokens=48,
+                             n_catchup_tokens=0, eager_extend=False)
+    machine = Reconciliation(new_state(), ["r1", "r2"], config)
+    (start,) = machine.start()
+    machine.handle(OpFinished(start.op_id, True))
+    commands = _fill(machine, "camera sees the red mug at 1.25 m",
+                     lambda: machine.counters.fallbacks == 1)
+    (reload,) = [c for c in commands if isinstance(c, Load) and c.purpose == "fallback"]
+    commands += _fill(machine, "lidar front 1.25 m left 0.75 m",
+                      lambda: machine.phase is Phase.WARM)
+    warm = [c for c in commands if isinstance(c, Load) and c.purpose == "warm"][-1]
+    assert machine.primary_reloading and machine._warm_op == warm.op_id
+    commands = machine.handle(OpFinished(warm.op_id, True, n_tokens=len(warm.ids), seconds=1.0))
+    assert machine.primary == "r2" and machine.counters.swaps == 1, \
+        "swapped while r1 still reloads"
+    (route,) = [c for c in machine.handle(QueryStarted(task="next?")) if isinstance(c, Route)]
+    assert route.resource == "r2"
+    commands = machine.handle(QueryFinished(route.request.query_id, ok=False))
+    loads = [c for c in commands if isinstance(c, Load)]
+    assert machine.counters.failovers == 1 and machine.primary == "r1"
+    assert [(c.resource, c.purpose) for c in loads] == [("r1", "failover")]
+    assert machine.handle(OpFinished(reload.op_id, True)) == [] or machine.primary_reloading, \
+        "the overtaken reload ends as a stale op"
+
+
 def test_machine_context_room_is_exactly_what_a_chunk_may_take_without_a_fallback():
     config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=300, reserve_tokens=48,
                              eager_extend=False)

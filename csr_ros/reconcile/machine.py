@@ -726,6 +726,14 @@ class Reconciliation:
         self.phase = Phase.IDLE
         self._warm_op = None
         self.counters.swaps += 1
+        if self._primary_op is not None or self._primary_retry_timer is not None:
+            # The old primary was still reloading (a fallback) or waiting to: the swap
+            # overtakes it. What it loads is only ever a straggler's version now, and a failure
+            # of the new primary must be recovered, not taken for that reload's.
+            if self._primary_retry_timer is not None:
+                self.slots[self.primary].holds = None
+            self._primary_op = self._primary_retry_timer = None
+        self._primary_failures = 0
         self.primary, self.secondary = self.secondary, self.primary
         self._primary_issued_tokens = len(committed_ids)
         cmds = self._activate(new, "swap", reload=False, committed_ids=committed_ids)
