@@ -51,6 +51,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)   # health polls would log 
 LOOPBACK = "127.0.0.1"
 DEFAULT_LLAMACPP_CONTEXT_TOKENS = 8192
 LLAMACPP_API_KEY_ENV = "CSR_ROS_SERVER_API_KEY"   # the key reaches the server here, not in argv
+EXIT_WITH_PARENT_ENV = "CSR_ROS_EXIT_WITH_PARENT"   # set: the server ends when its parent does
 
 VLLM_API_SERVER = "vllm.entrypoints.openai.api_server"
 VLLM_DEVICES = ("cuda", "cpu")
@@ -571,6 +572,10 @@ def _llamacpp_main(argv: Sequence[str]) -> int:
     parser.add_argument("--n-threads", type=int, default=1)
     parser.add_argument("--model-alias", default=None)
     args = parser.parse_args(argv)
+    if os.environ.get(EXIT_WITH_PARENT_ENV):
+        from csr_ros.resources.process import exit_with_parent
+
+        exit_with_parent()
 
     import uvicorn
     from llama_cpp.server.app import create_app

@@ -313,7 +313,7 @@ def start_side_by_side(names: Sequence[str], kind: str = "local",
 
 
 def _child_main(conn, kind: str, options: dict) -> None:
-    _exit_with_parent()
+    exit_with_parent()
     threads = options.get("threads")
     if threads:
         for variable in _THREAD_VARIABLES:
@@ -356,9 +356,9 @@ def _child_main(conn, kind: str, options: dict) -> None:
         pass
 
 
-def _exit_with_parent(poll_s: float = 1.0) -> None:
-    """A thread that ends this worker once its parent is gone: the pipe's end-of-file would
-    only be seen after the current computation, which may be a long prefill."""
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """A thread that ends this process once its parent is gone (a worker's end-of-file on its
+    pipe would only be seen after the current computation, which may be a long prefill)."""
     parent = os.getppid()
 
     def watch() -> None:
