@@ -7,6 +7,8 @@
 - `plot_fleet`: `csr-ros fleet` runs: TTFT p99 and the prefix-cache hit ratio against the
   robot count, per routing policy and server count.
 - `plot_tokens`: `csr-ros replay --plot`: a bag's history tokens per source against robot time.
+- `plot_soak`: `csr-ros soak --plot`: RSS and open fds per process over robot time, TTFT of the
+  decisions with the faults marked, and how long each fault took to recover.
 """
 
 from __future__ import annotations
@@ -215,6 +217,94 @@ def plot_tokens(timeline: list[tuple[float, str, int]], report: dict, path: Path
     ax.set_title(f"{Path(report['bag'][0]).name}: history tokens per source")
     ax.legend(fontsize=8)
     return save_figure(fig, path, dpi=120)
+
+
+FAULT_COLOURS = {"kill_primary": "tab:red", "kill_secondary": "tab:orange",
+                 "stall": "tab:brown", "kill_host": "tab:purple", "disk_full": "tab:blue",
+                 "clock_jump": "tab:cyan", "malformed": "tab:olive", "double": "black"}
+
+
+def plot_soak(samples_path: Path, decisions_path: Path, summary: dict, path: str | Path) -> Path:
+    """A soak (csr_ros.soak): its JSON-lines samples and decisions, and its summary."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[tuple[float, float, int, int]]] = {}
+    with open(samples_path) as f:
+        for line in f:
+            sample = json.loads(line)
+            for role, value in sample.items():
+                if isinstance(value, list):
+                    series.setdefault(role, []).append(
+                        (sample["robot_s"] / 3600.0, value[0], value[1], value[3]))
+    ttft: list[tuple[float, float]] = []
+    with open(decisions_path) as f:
+        for line in f:
+            d = json.loads(line)
+            if d["ok"] and d["ttft_s"] is not None:
+                ttft.append((d["robot_s"] / 3600.0, d["ttft_s"]))
+    fig, axes = plt.subplots(2, 2, figsize=(14, 8.5))
+    (ax_rss, ax_fds), (ax_ttft, ax_rec) = axes
+    for i, (role, points) in enumerate(sorted(series.items())):
+        colour = f"C{i}"
+        for k, life in enumerate(_lives(points)):
+            hours = [p[0] for p in life]
+            ax_rss.plot(hours, [p[1] for p in life], color=colour,
+                        label=role if k == 0 else None)
+            ax_fds.plot(hours, [p[2] for p in life], color=colour,
+                        label=role if k == 0 else None)
+    ax_rss.set_ylabel("resident memory [MB]")
+    ax_rss.set_title("RSS per process (a new line: the process was restarted)")
+    ax_fds.set_ylabel("open file descriptors")
+    ax_fds.set_title("open fds per process")
+    if ttft:
+        ax_ttft.scatter([t for t, _ in ttft], [v * 1000 for _, v in ttft], s=3, alpha=0.4,
+                        color="tab:gray", label="decision TTFT")
+        ax_ttft.set_yscale("log")
+    faults = summary.get("faults", [])
+    seen = set()
+    for fault in faults:
+        colour = FAULT_COLOURS.get(fault["kind"], "black")
+        ax_ttft.axvline(fault["at_s"] / 3600.0, color=colour, linestyle="--", alpha=0.7,
+                        label=fault["kind"] if fault["kind"] not in seen else None)
+        seen.add(fault["kind"])
+    ax_ttft.set_ylabel("TTFT [ms]")
+    ax_ttft.set_title("TTFT of the decisions, faults marked")
+    for ax in (ax_rss, ax_fds, ax_ttft):
+        ax.set_xlabel("robot time [h]")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    xs = list(range(1, len(faults) + 1))
+    ax_rec.bar(xs, [f["recovery_s"] or 0.0 for f in faults],
+               color=[FAULT_COLOURS.get(f["kind"], "black") for f in faults])
+    for x, fault in zip(xs, faults):
+        if not fault["recovered"]:
+            ax_rec.text(x, 0, "not\nrecovered", ha="center", va="bottom", color="red",
+                        fontsize="small")
+    ax_rec.set_xlabel("fault (in order)")
+    ax_rec.set_ylabel("recovery [s, wall]")
+    ax_rec.set_title(f"recovery of {len(faults)} faults "
+                     f"({sum(f['recovered'] for f in faults)} recovered)")
+    ax_rec.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"csr-ros soak: {summary['robot_hours']:.2f} robot-hours at "
+                 f"{summary['speedup_achieved']:.1f}x, chunks in {summary['chunks_in']}, lost "
+                 f"{summary['chunks_lost']}, duplicated {summary['chunks_duplicated']}, "
+                 f"reordered {summary['chunks_reordered']}")
+    return save_figure(fig, path)
+
+
+def _lives(points: list[tuple]) -> list[list[tuple]]:
+    """Split samples where the pid (the last item) changes."""
+    out: list[list[tuple]] = []
+    for point in points:
+        if not out or out[-1][-1][-1] != point[-1]:
+            out.append([])
+        out[-1].append(point)
+    return out
 
 
 def save_figure(fig, path: str | Path, *, dpi: int = 110) -> Path:

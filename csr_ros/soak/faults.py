@@ -1,0 +1,143 @@
+"""When faults come and how a full disk is made: the seeded fault plan, and the small file system
+that holds the chunk log during a soak.
+
+    plan = FaultPlan(("kill_host", "disk_full"), every_s=180.0, seed=0)
+    at_s, kind = plan.next()                 # wall seconds since the start, and the kind
+
+    fs = LogFileSystem.mount(run_dir / "logfs", size_mb=512)   # before any thread starts
+    fs.fill(host_pid)                        # ENOSPC from now on (or EFBIG, see below)
+    fs.free(host_pid)
+
+Every kind comes once per round, in a seeded order, so a short soak with `--faults all` sees
+each; the gaps between faults are `every_s` times a seeded factor between 0.5 and 1.5.
+
+The file system is a tmpfs of `size_mb` in a mount namespace of this process's own (its
+children inherit it; it disappears with the last of them): filling it gives the chunk log a
+real ENOSPC, and nothing outside the soak sees it. Where a private mount namespace cannot be
+made (not root), the chunk log lives in a plain directory and "full" is a file-size limit set
+on the state's process (RLIMIT_FSIZE: EFBIG, which the log treats as a full disk).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import random
+import resource
+import subprocess
+from pathlib import Path
+
+log = logging.getLogger("csr_ros.soak")
+
+_CLONE_NEWNS = 0x00020000
+FILLER = "filler"
+
+
+class FaultPlan:
+    def __init__(self, kinds: tuple[str, ...], *, every_s: float, seed: int):
+        self.kinds = tuple(kinds)
+        self.every_s = every_s
+        self._rng = random.Random(seed * 7_919 + 17)
+        self._round: list[str] = []
+        self._at_s = 0.0
+
+    def next(self) -> tuple[float, str] | None:
+        """The next fault: when (wall seconds since the start) and which; None without kinds."""
+        if not self.kinds:
+            return None
+        if not self._round:
+            self._round = list(self.kinds)
+            self._rng.shuffle(self._round)
+        self._at_s += self.every_s * self._rng.uniform(0.5, 1.5)
+        return self._at_s, self._round.pop(0)
+
+    def after(self, now_s: float) -> None:
+        """Faults come no sooner than a gap after `now_s` (the last one's recovery)."""
+        self._at_s = max(self._at_s, now_s)
+
+    def choice(self, options: list):
+        return self._rng.choice(options)
+
+    def uniform(self, low: float, high: float) -> float:
+        return self._rng.uniform(low, high)
+
+
+class LogFileSystem:
+    """Where the chunk log lives, and how to fill it up."""
+
+    def __init__(self, root: Path, mode: str, why: str = ""):
+        self.root = root
+        self.mode = mode               # tmpfs | fsize
+        self.why = why                 # why not tmpfs
+        self._limited_pid: int | None = None
+
+    @classmethod
+    def mount(cls, root: Path, *, size_mb: int) -> "LogFileSystem":
+        """A tmpfs of `size_mb` at `root` in a private mount namespace, or a plain directory
+        (see the module docstring). Call it before this process starts any thread."""
+        root.mkdir(parents=True, exist_ok=True)
+        why = _private_tmpfs(root, size_mb)
+        if why is None:
+            return cls(root, "tmpfs")
+        log.warning("no private tmpfs for the chunk log (%s): a full disk is simulated by a "
+                    "file-size limit on the state's process (EFBIG)", why)
+        return cls(root, "fsize", why)
+
+    @property
+    def describe(self) -> str:
+        if self.mode == "tmpfs":
+            return "ENOSPC: a tmpfs in a private mount namespace, filled by another file"
+        return f"EFBIG: a file-size limit on the state's process ({self.why})"
+
+    def fill(self, host_pid: int, log_path: Path) -> None:
+        if self.mode == "tmpfs":
+            fd = os.open(self.root / FILLER, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            block = b"\0" * (1 << 20)
+            try:
+                while True:
+                    os.write(fd, block)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+            try:                      # the last partial block too: nothing left at all
+                while os.write(fd, b"\0" * 4096):
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            return
+        segments = sorted(log_path.glob("*.seg"))
+        limit = max(1, segments[-1].stat().st_size) if segments else 1
+        _, hard = resource.prlimit(host_pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(host_pid, resource.RLIMIT_FSIZE, (limit, hard))
+        self._limited_pid = host_pid
+
+    def free(self) -> None:
+        if self.mode == "tmpfs":
+            (self.root / FILLER).unlink(missing_ok=True)
+            return
+        if self._limited_pid is not None:
+            try:
+                _, hard = resource.prlimit(self._limited_pid, resource.RLIMIT_FSIZE)
+                resource.prlimit(self._limited_pid, resource.RLIMIT_FSIZE, (hard, hard))
+            except ProcessLookupError:
+                pass                    # the state's process is gone: its limit went with it
+            self._limited_pid = None
+
+
+def _private_tmpfs(root: Path, size_mb: int) -> str | None:
+    """Mount a tmpfs at `root` in a new mount namespace of this process; why not, or None."""
+    if os.geteuid() != 0:
+        return "not root"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        return f"unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}"
+    for cmd in (["mount", "--make-rprivate", "/"],
+                ["mount", "-t", "tmpfs", "-o", f"size={int(size_mb)}m", "tmpfs", str(root)]):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            return f"{' '.join(cmd[:2])}: {done.stderr.strip()}"
+    return None
