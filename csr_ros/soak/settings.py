@@ -52,6 +52,7 @@ class SoakSettings:
     seed: int = 0
     faults: tuple[str, ...] = ()
     fault_every_s: float = 180.0          # mean wall time between faults
+    max_faults: int | None = None         # after this many faults the run ends (tests)
     resource: str = "local"               # local: engines in worker processes; openai: servers
     r1: str | None = None                 # openai: the servers' URLs (None: start llama.cpp)
     r2: str | None = None
@@ -91,6 +92,8 @@ class SoakSettings:
                               "llama.cpp servers)")
         if self.r1 is not None and self.resource != "openai":
             raise ConfigError("--r1/--r2 are servers: use --resource openai")
+        if self.max_faults is not None and self.max_faults < 1:
+            raise ConfigError(f"max_faults must be >= 1, got {self.max_faults}")
         if self.fault_every_s <= 0:
             raise ConfigError(f"fault_every_s must be > 0, got {self.fault_every_s}")
         for kind in self.faults:

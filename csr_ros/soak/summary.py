@@ -101,6 +101,7 @@ class SoakSummary:
     speedup_target: float
     speedup_achieved: float
     held_wall_s: float              # robot time held: the machine did not keep up
+    outage_wall_s: float            # the state's process was down: robot time ran at 1x
     slow_windows: list[dict]        # robot time spans run below 90% of the target
     cycles: int
     swaps: int
@@ -161,7 +162,8 @@ def format_report(s: SoakSummary) -> str:
     lines = [
         f"csr-ros soak: {s.robot_hours:.2f} robot-hours in {s.wall_s / 60:.1f} min, speedup "
         f"{s.speedup_achieved:.1f}x of {s.speedup_target:g}x (robot time held "
-        f"{s.held_wall_s:.0f} s where the machine did not keep up)",
+        f"{s.held_wall_s:.0f} s where the machine did not keep up; {s.outage_wall_s:.0f} s "
+        "at 1x while the state's process restarted)",
         f"  cycles {s.cycles}  swaps {s.swaps}  fallbacks {s.fallbacks}  failovers "
         f"{s.failovers}  retries {s.retries}",
         f"  chunks in {s.chunks_in}  lost {s.chunks_lost}  duplicated {s.chunks_duplicated}  "

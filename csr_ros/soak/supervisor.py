@@ -212,6 +212,7 @@ class Soak:
         self.robot_s = 0.0
         self.clock_offset_s = 0.0
         self.held_wall_s = 0.0
+        self.outage_wall_s = 0.0               # the state's process was down (robot time 1x)
         self.host: _Host | None = None
         self.generation = 0
         self.host_exits_expected = 0         # kills the faults made
@@ -330,7 +331,8 @@ class Soak:
         last_wall = time.monotonic()
         next_probe = next_progress = last_wall
         window = (last_wall, self.robot_s)
-        while self.robot_s < self.s.robot_s or self._fault_running():
+        while (self.robot_s < self.s.robot_s and not self._faults_done()) or \
+                self._fault_running():
             now = time.monotonic()
             dt = now - last_wall
             last_wall = now
@@ -339,12 +341,18 @@ class Soak:
             with self.lock:
                 behind = bool(self.status.get("at_risk")) or \
                     self.status.get("primary_backlog", 0) >= BEHIND_BACKLOG
+                live = self.host is not None and self.host.live
                 if self.robot_s >= self.s.robot_s:
                     pass                             # the end: the last fault recovers
-                elif behind and self.host is not None and self.host.live:
+                elif behind and live:
                     self.held_wall_s += dt
                 else:
-                    self.robot_s = min(self.s.robot_s, self.robot_s + dt * self.s.speedup)
+                    # While the state's process restarts, robot time runs as a robot's would
+                    # in that wall time: an outage is real time, not compressed time.
+                    speed = self.s.speedup if live else 1.0
+                    self.robot_s = min(self.s.robot_s, self.robot_s + dt * speed)
+                    if not live:
+                        self.outage_wall_s += dt
                 events = self.aggregator.advance(self.robot_s, self.clock_offset_s)
                 if self.burst is not None and self.burst.get("events") is None:
                     self.burst["events"] = self.aggregator.malformed_burst(self.clock_offset_s)
@@ -361,6 +369,11 @@ class Soak:
                 window = (now, self.robot_s)
                 next_progress = now + self.s.progress_every_s
             time.sleep(TICK_S)
+
+    def _faults_done(self) -> bool:
+        """`max_faults` faults were injected and each is behind (recovered or given up)."""
+        return self.s.max_faults is not None and len(self.faults) >= self.s.max_faults and \
+            not self._fault_running()
 
     def _fault_running(self) -> bool:
         return any(f.recovery_s is None and not f.why_not for f in self.faults)
@@ -481,7 +494,8 @@ class Soak:
         # the last fault must leave time to recover before the robot-time ends
         while not self.stop.is_set():
             step = plan.next()
-            if step is None:
+            if step is None or self.s.max_faults is not None and \
+                    len(self.faults) >= self.s.max_faults:
                 return
             at_s, kind = step            # wall seconds from the start of the robot's clock
             while not self.stop.is_set() and \
@@ -967,7 +981,8 @@ class Soak:
             settings=self.s.as_json(), robot_hours=round(self.robot_s / 3600.0, 3),
             wall_s=round(wall_s, 1), speedup_target=self.s.speedup,
             speedup_achieved=round(self.robot_s / robot_wall_s, 2) if robot_wall_s else 0.0,
-            held_wall_s=round(self.held_wall_s, 1), slow_windows=self.slow_windows,
+            held_wall_s=round(self.held_wall_s, 1), outage_wall_s=round(self.outage_wall_s, 1),
+            slow_windows=self.slow_windows,
             cycles=int(final.get("cycles", 0)), swaps=int(final.get("swaps", 0)),
             fallbacks=int(final.get("fallbacks", 0)), failovers=int(final.get("failovers", 0)),
             retries=int(final.get("retries", 0)), decisions=self.decisions,

@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="'all', 'none' or a comma list of: " + ", ".join(FAULT_KINDS))
     run.add_argument("--fault-every-s", type=float, default=d.fault_every_s,
                      help=f"mean wall seconds between faults (default {d.fault_every_s:g})")
+    run.add_argument("--max-faults", type=int, default=None,
+                     help="end the run once this many faults are behind it (with --faults "
+                          "all and 8 or more, every kind once)")
     run.add_argument("--workdir", type=Path, default=None,
                      help="keep the run here: samples, decisions, the state's log "
                           "(default: a temporary directory)")
@@ -56,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stream.add_argument("--tau-mem", dest="tau_mem_tokens", type=int, default=d.tau_mem_tokens)
     stream.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens)
     stream.add_argument("--reserve-tokens", type=int, default=d.reserve_tokens)
+    stream.add_argument("--n-catchup", dest="n_catchup_tokens", type=int,
+                        default=d.n_catchup_tokens)
     stream.add_argument("--rate-hz", type=float, default=d.rate_hz,
                         help=f"decisions per wall second (default {d.rate_hz:g})")
     stream.add_argument("--query-timeout-s", type=float, default=d.query_timeout_s)

@@ -1,0 +1,125 @@
+"""A short soak with every fault kind once (csr-ros soak, on the real engines in worker processes,
+the real chunk log on its own small file system): nothing lost, every fault recovered, the
+state equal to the one its chunk log rebuilds. No timing is asserted; docs/reliability.md has
+the long runs and their figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from csr_ros.errors import ConfigError
+from csr_ros.soak import FAULT_KINDS, SoakSettings, parse_faults
+from csr_ros.soak.audit import audit_log
+from csr_ros.soak.faults import FaultPlan
+from csr_ros.soak.summary import ProcessSeries
+from csr_ros.soak.traffic import Aggregator, PatrolTraffic, read_sent, text_crc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_fault_plan_brings_every_kind_once_per_round_in_a_seeded_order():
+    plan = FaultPlan(tuple(FAULT_KINDS), every_s=60.0, seed=3)
+    first = [plan.next() for _ in range(len(FAULT_KINDS))]
+    again = FaultPlan(tuple(FAULT_KINDS), every_s=60.0, seed=3)
+    assert sorted(kind for _, kind in first) == sorted(FAULT_KINDS)
+    assert [again.next() for _ in range(len(FAULT_KINDS))] == first
+    times = [at for at, _ in first]
+    assert times == sorted(times) and all(30.0 <= b - a <= 90.0 for a, b in
+                                          zip([0.0] + times, times))
+
+
+def test_fault_lists_and_settings_are_checked_with_clear_errors():
+    assert parse_faults("all") == tuple(FAULT_KINDS) and parse_faults("none") == ()
+    assert parse_faults("kill_host, disk_full") == ("kill_host", "disk_full")
+    with pytest.raises(ConfigError, match="unknown fault kinds"):
+        parse_faults("kill_host,meteor")
+    with pytest.raises(ConfigError, match="give both --r1 and --r2"):
+        SoakSettings(resource="openai", r1="http://127.0.0.1:1")
+    with pytest.raises(ConfigError, match="exceed max_context_tokens"):
+        SoakSettings(tau_mem_tokens=4000, max_context_tokens=4096, reserve_tokens=128)
+
+
+def test_the_patrol_traffic_is_gap_free_and_every_chunk_sent_is_on_record(tmp_path):
+    aggregator = Aggregator(PatrolTraffic(seed=1), ring_chunks=64, sent_path=tmp_path / "sent")
+    events = aggregator.advance(900.0) + aggregator.malformed_burst()
+    aggregator.close()
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert {e.source for e in events} >= {"odom", "scan", "battery_state", "malformed"}
+    sent = list(read_sent(tmp_path / "sent"))
+    assert [(s, crc) for s, crc, _ in sent] == [(e.seq, text_crc(e.text)) for e in events]
+    assert sum(m for _, _, m in sent) >= 7, "the burst is marked malformed"
+    ring, first = aggregator.since(0)
+    assert len(ring) == 64 and first == events[-64].seq, "the ring keeps the newest only"
+
+
+def test_the_audit_finds_a_lost_a_duplicated_and_a_reordered_chunk(tmp_path):
+    from csr_ros.chunklog import ChunkLog
+    from csr_ros.state import Chunk
+
+    aggregator = Aggregator(PatrolTraffic(seed=2), ring_chunks=64, sent_path=tmp_path / "sent")
+    events = aggregator.advance(600.0)[:12]
+    aggregator.close()
+    order = [0, 1, 2, 4, 3, 5, 6, 6, 8, 9, 10, 11]          # 3/4 swapped, 6 twice, 7 missing
+    with ChunkLog(tmp_path / "log") as chunk_log:
+        for seq in order:
+            e = events[seq]
+            chunk_log.append_chunk(Chunk(seq=seq, source=e.source, stamp_ns=e.stamp_ns,
+                                         text=e.text.strip() + "\n", token_ids=()))
+    with open(tmp_path / "sent", "r+b") as f:             # only the first 12 were "sent"
+        f.truncate(12 * 5)
+    audit = audit_log(tmp_path / "log", tmp_path / "sent")
+    assert (audit.sent, audit.lost, audit.duplicated, audit.reordered) == (12, 1, 1, 1)
+    assert audit.found == 11 and not audit.ok
+
+
+def test_memory_slope_is_taken_per_process_once_warm_and_weighted_by_its_life():
+    series = ProcessSeries("state")
+    for i in range(200):                     # 2 robot-hours growing 1 MB/h after a warm-up
+        series.samples.append((i * 36.0, 100.0 + (50.0 if i > 10 else i * 5.0) + i * 0.01, 9,
+                               4, 111))
+    for i in range(100):                     # a restarted process, flat
+        series.samples.append((7200.0 + i * 36.0, 80.0, 9, 4, 222))
+    rss, fds = series.summary()
+    assert rss["processes"] == 2 and fds == {"start": 9, "end": 9, "max": 9,
+                                             "per_process_growth_max": 0}
+    assert 0.3 < rss["slope_mb_per_robot_hour"] < 1.0
+
+
+@pytest.mark.slow
+def test_a_short_soak_with_every_fault_kind_loses_nothing_and_recovers_from_each(tmp_path):
+    out = tmp_path / "soak.json"
+    argv = [sys.executable, "-m", "csr_ros.cli", "soak", "--faults", "all",
+            "--max-faults", str(len(FAULT_KINDS)), "--fault-every-s", "15",
+            "--robot-hours", "6", "--speedup", "5", "--seed", "1", "--threads", "1",
+            "--tau-mem", "600", "--max-context-tokens", "1536", "--reserve-tokens", "128",
+            "--query-timeout-s", "45", "--rate-hz", "1", "--quiet",
+            "--workdir", str(tmp_path / "run"), "--json", str(out)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.exists(), done.stderr[-4000:]
+    summary = json.loads(out.read_text())
+    faults = summary["faults"]
+    assert sorted(f["kind"] for f in faults) == sorted(FAULT_KINDS), "every kind once"
+    not_recovered = [(f["kind"], f["why_not"]) for f in faults if not f["recovered"]]
+    assert not_recovered == []
+    assert all(f["state_equals_log"] for f in faults)
+    assert summary["chunks_in"] > 0
+    assert (summary["chunks_lost"], summary["chunks_duplicated"], summary["chunks_reordered"],
+            summary["chunks_corrupt"]) == (0, 0, 0, 0)
+    assert summary["chunks_refused"] > 0, "the malformed burst was refused, seq by seq"
+    assert summary["state_equals_log"] is True and summary["host_exits_unexpected"] == 0
+    assert done.returncode == 0, done.stdout[-3000:]
+    for key in ("robot_hours", "wall_s", "cycles", "swaps", "fallbacks", "decisions",
+                "valid_actions", "rss_mb", "open_fds", "log_bytes", "restart_s"):
+        assert key in summary
+    for role in ("supervisor", "state", "r1", "r2"):
+        assert {"start", "end", "slope_mb_per_robot_hour"} <= set(summary["rss_mb"][role])
+        assert {"start", "end"} <= set(summary["open_fds"][role])
+    kill_host = next(f for f in faults if f["kind"] == "kill_host")
+    assert kill_host["extra"]["orphan_workers"] == [], "the killed process's workers are gone"
