@@ -118,6 +118,29 @@ def test_the_driver_saves_a_capsule_at_a_checkpoint_and_a_restart_resumes_from_i
     assert primary.committed_ids == held
 
 
+def test_a_burst_that_forces_fallbacks_in_a_row_reloads_the_primary_once_not_per_fallback(
+        workers, tokenizer):
+    for resource in workers:
+        resource.revive()
+    config = ReconcileConfig(tau_mem_tokens=300, max_context_tokens=640, reserve_tokens=64,
+                             n_catchup_tokens=0)
+    with Reconciler(empty_state(tokenizer), workers, config) as rec:
+        rec.start(timeout_s=300)
+        sent = []
+        for i in range(120):                     # a GetChunks answer after an outage
+            sent += [c.seq for c in rec.add_chunk(f"{i}s scan: nearest {i % 7}.5m front-left, "
+                                                  f"blocked ahead {i % 3}.2m", source="scan")]
+        assert rec.wait_idle(timeout_s=600)
+        books = rec.accounting()
+        assert rec.machine.counters.fallbacks >= 2
+        assert rec.superseded_ops >= 1, "queued reloads of the same primary were skipped"
+        assert books.check(sent) == {"lost": 0, "duplicated": 0, "in_order": True}
+        answer = rec.query("Which action next?", max_new_tokens=2)
+        assert answer.ok
+        held = rec.resources[answer.resource].committed_ids
+        assert held[:answer.request.n_static] == answer.request.static_ids
+
+
 HOLD = r"""
 import json, resource, signal, sys, time
 from pathlib import Path

@@ -30,6 +30,10 @@ Over a robot's day, faults included:
   not answer is killed; a stalled server or worker never blocks the policy.
 - `capsule_every_s`: a capsule of the primary is saved into the chunk log after a version
   change (at most that often), so a restart restores it and prefills only what follows.
+- A reload of the primary (a fallback, a failover) makes the loads and extends still queued
+  for that resource pointless (a load replaces everything): they are skipped, unless a query
+  waits among them. A burst of chunks after an outage that forces several fallbacks in a row
+  then costs one reload, not one per fallback.
 - What the driver remembers for reports (timeline, swaps, windows) is bounded.
 """
 
@@ -223,6 +227,9 @@ class Reconciler:
         self._held_timer: threading.Timer | None = None
         self._capsule_s: float | None = None      # when the last capsule was asked for
         self._capsule_unsupported: set[str] = set()
+        self.superseded_ops = 0                   # queued loads/extends a reload made moot
+        self._queued: dict[str, list[tuple[str, int]]] = {n: [] for n in names}  # not started
+        self._superseded: set[int] = set()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._workers = {name: _Worker(name) for name in names}
@@ -330,9 +337,11 @@ class Reconciler:
                                                         now_s=started_s))
             (route,) = [c for c in commands if isinstance(c, Route)]
             self._dispatch([c for c in commands if not isinstance(c, Route)])
+            marker = ("query", int(route.request.query_id))
+            self._queued[route.resource].append(marker)
             future = self._workers[route.resource].submit(
                 lambda: self._answer(route, max_new_tokens, stop, started_s, constraint,
-                                     on_token))
+                                     on_token, marker))
         outcome: QueryOutcome
         try:
             wait_s, result = future.result(timeout=timeout_s)
@@ -348,6 +357,8 @@ class Reconciler:
             # the policy goes on; a query not started yet never runs, a running one is the
             # resource's to end (a worker process is killed at the same deadline).
             waited = "queued behind other work" if future.cancel() else "running"
+            with self._lock:
+                _discard(self._queued[route.resource], marker)
             self.log.warning("query %d on %s not answered within %.1f s (%s); %s counts as "
                              "failed", route.request.query_id, route.resource, timeout_s,
                              waited, route.resource)
@@ -366,7 +377,11 @@ class Reconciler:
         return outcome
 
     def _answer(self, route: Route, max_new_tokens: int, stop: Sequence[str],
-                started_s: float, constraint=None, on_token=None) -> tuple[float, QueryResult]:
+                started_s: float, constraint=None, on_token=None,
+                marker: tuple[str, int] | None = None) -> tuple[float, QueryResult]:
+        if marker is not None:
+            with self._lock:
+                _discard(self._queued[route.resource], marker)
         resource = self.resources[route.resource]
         _set_background(resource, False, few_threads=self._urgent_reconciling())
         wait_s = self.clock() - started_s
@@ -408,6 +423,7 @@ class Reconciler:
                     "primary": m.primary, "n_static_tokens": m.active.n_static,
                     "n_chunks": len(m.active.chunks), "next_seq": int(m.active.next_seq),
                     "buffer_tokens": m.buffer_tokens, "held_chunks": len(self._held),
+                    "superseded_ops": self.superseded_ops,
                     "primary_backlog": self._workers[m.primary].backlog,
                     "primary_reloading": m.primary_reloading, **vars(m.counters),
                     "headroom_s": v.headroom_s, "arrival_tokens_per_s": v.arrival_tokens_per_s,
@@ -508,6 +524,11 @@ class Reconciler:
     def _dispatch(self, commands) -> None:
         for cmd in commands:
             if isinstance(cmd, (Load, Extend)):
+                queued = self._queued[cmd.resource]
+                if isinstance(cmd, Load) and cmd.purpose != "warm" and \
+                        all(kind == "op" for kind, _ in queued):
+                    self._superseded.update(op_id for _, op_id in queued)
+                queued.append(("op", cmd.op_id))
                 self._workers[cmd.resource].submit(lambda cmd=cmd: self._run_op(cmd))
             elif isinstance(cmd, StartTimer):
                 if not self._closed:
@@ -582,6 +603,14 @@ class Reconciler:
 
     def _run_op(self, cmd: Load | Extend) -> None:
         """On the resource's worker thread: run one Load/Extend, then report it."""
+        with self._lock:
+            _discard(self._queued[cmd.resource], ("op", cmd.op_id))
+            if cmd.op_id in self._superseded:
+                # a reload of this resource is queued behind it: nothing to compute
+                self._superseded.discard(cmd.op_id)
+                self.superseded_ops += 1
+                self._handle(OpFinished(cmd.op_id, True, now_s=self.clock()))
+                return
         resource = self.resources[cmd.resource]
         # The version is the routing key behind a router; a worker process enforces timeout_s.
         kwargs = {"version": int(cmd.version), "timeout_s": cmd.timeout_s}
@@ -635,6 +664,13 @@ class Reconciler:
                 return
             self._timers.pop(timer_id, None)
             self._handle(TimerFired(timer_id, now_s=self.clock()))
+
+
+def _discard(items: list, item) -> None:
+    try:
+        items.remove(item)
+    except ValueError:
+        pass
 
 
 def _set_background(resource: Resource, background: bool, *,
