@@ -54,6 +54,8 @@ from csr_ros.soak.traffic import Aggregator, PatrolTraffic
 log = logging.getLogger("csr_ros.soak")
 
 SAFE_ACTION = "wait()"
+COUNTERS = ("cycles", "swaps", "fallbacks", "failovers", "retries", "failed_queries",
+            "sync_evictions")
 STATUS_EVERY_S = 0.5
 TICK_S = 0.05
 CLOCK_JUMP_S = 25 * 3600.0       # forwards past a day (the log's age-based retention), then back
@@ -114,7 +116,10 @@ class _Host:
 
     @property
     def running(self) -> bool:
-        return self.process.is_alive()
+        try:
+            return self.process.is_alive()
+        except ValueError:                 # closed: it exited
+            return False
 
     @property
     def live(self) -> bool:
@@ -181,6 +186,14 @@ class _Host:
             os.kill(self.pid, signal.SIGKILL)
         self.process.join(10.0)
 
+    def close(self) -> None:
+        """After its exit: its pipe and process handle go (a day of restarts leaks no fd)."""
+        self.process.join(5.0)
+        self.conn.close()
+        self.receiver.join(5.0)
+        if not self.process.is_alive():
+            self.process.close()
+
     def stop(self, timeout_s: float) -> dict | None:
         """Ask it to finish its work and exit; its last status."""
         future: Future = Future()
@@ -195,7 +208,7 @@ class _Host:
         self.process.join(30.0)
         if self.process.is_alive():
             self.kill()
-        self.conn.close()
+        self.close()
         return final
 
 
@@ -220,6 +233,7 @@ class Soak:
         self.host_restarts: list[dict] = []  # the "ready" of every process after the first
         self.first_ready: dict = {}
         self.status: dict = {}
+        self.past_counters = dict.fromkeys(COUNTERS, 0)   # of state processes that were killed
         self.status_future: Future | None = None
         self.status_s = 0.0
         self.servers: dict = {}
@@ -397,7 +411,11 @@ class Soak:
                                       f"(exit code {host.process.exitcode}): {host.error}")
                     self._say(f"warning: the state's process exited by itself: {host.error}")
                 self.outstanding = None
-            host.process.join(1.0)
+                if host.ready is not None:     # its counters, as last seen, go on in the run's
+                    for key in COUNTERS:
+                        self.past_counters[key] += int(self.status.get(key, 0))
+                    self.status = {}
+            host.close()
             self._start_host()
             return
         if host.ready is not None and not host.resent:
@@ -543,8 +561,7 @@ class Soak:
             return self.skipped_ticks, self.failed
 
     def _recover(self, record: FaultRecord, t0: float, cleared: float, *,
-                 ready=lambda status: True, same_host: int | None = None,
-                 words: str = "") -> None:
+                 ready=lambda status: True, words=lambda: "") -> None:
         """Wait until the fault is behind: `ready(status)`, a decision answered after
         `cleared`, nothing held, and the state equal to the one its log rebuilds."""
         skipped0, failed0 = record.extra.pop("_counts")
@@ -593,9 +610,10 @@ class Soak:
         skipped, failed = self._policy_counts()
         record.decisions_skipped = skipped - skipped0 + failed - failed0
         record.decisions_failed = failed - failed0
+        said = ", ".join(w for w in words().split(", ") if w)
         record.robot_saw = (f"{record.decisions_skipped} policy ticks without a decision "
                             f"({record.decisions_failed} failed), safe action {SAFE_ACTION} "
-                            f"held meanwhile" + (f"; {words}" if words else ""))
+                            f"held meanwhile" + (f"; {said}" if said else ""))
         record.extra = {k: v for k, v in record.extra.items() if not k.startswith("_")}
 
     def _begin(self, record: FaultRecord) -> float:
@@ -645,7 +663,7 @@ class Soak:
         cleared = time.monotonic()
         record.extra["_why"] = f"{name} is not running again"
         self._recover(record, t0, cleared, ready=self._resource_back(name, old_pid),
-                      words=self._counter_words(before))
+                      words=lambda: self._counter_words(before))
 
     def _fault_stall(self, record: FaultRecord, plan: FaultPlan) -> None:
         status = self.fresh_status()
@@ -670,7 +688,7 @@ class Soak:
         self._recover(record, t0, cleared,
                       ready=lambda st: self.servers[name].running if self.servers else
                       all(p is not None and alive(p) for p in st.get("worker_pids", {}).values()),
-                      words=self._counter_words(status))
+                      words=lambda: self._counter_words(status))
 
     def _signal(self, pid: int, sig: int) -> None:
         try:
@@ -736,8 +754,9 @@ class Soak:
         record.detail = (f"{self.fs.describe}, for {hold_s:.0f} s; up to {held_max} chunks "
                          f"held, {pending_max} version records pending")
         record.extra.update(held_max=held_max, pending_versions_max=pending_max)
-        self._recover(record, t0, cleared, words=f"decisions went on without the {held_max} "
-                      "newest chunks while they were held; " + self._counter_words(status))
+        self._recover(record, t0, cleared,
+                      words=lambda: f"decisions went on without the {held_max} newest chunks "
+                      "while they were held, " + self._counter_words(status))
 
     def _fault_clock_jump(self, record: FaultRecord, plan: FaultPlan) -> None:
         hold_s = plan.uniform(10.0, 30.0)
@@ -746,6 +765,10 @@ class Soak:
         t0 = self._begin(record)
         self._set_clock(CLOCK_JUMP_S)
         self.stop.wait(hold_s)
+        until = time.monotonic() + self.s.recovery_timeout_s / 2
+        while self.aggregator.next_seq < seq0 + 3 and time.monotonic() < until and \
+                not self.stop.is_set():      # some chunks under the jumped clock first
+            time.sleep(0.5)
         self._set_clock(0.0)
         cleared = time.monotonic()
         seq_back = self.aggregator.next_seq
@@ -831,7 +854,7 @@ class Soak:
         backs = [self._resource_back(n, olds[n]) for n in ("r1", "r2")]
         record.extra["_why"] = "both resources are not running again"
         self._recover(record, t0, cleared, ready=lambda st: all(b(st) for b in backs),
-                      words=self._counter_words(status))
+                      words=lambda: self._counter_words(status))
 
     def _counter_words(self, before: dict) -> str:
         try:
@@ -969,6 +992,7 @@ class Soak:
                     ttfts.append(d["ttft_s"])
         restarts = sorted(r["restart_s"] for r in self.host_restarts)
         final = final or self.status
+        total = {k: self.past_counters[k] + int(final.get(k, 0)) for k in COUNTERS}
         tokens = None
         if self.robot_s > 0 and final.get("chunks_added"):
             tokens = round(self.aggregator.next_seq / self.robot_s * final["tokens_added"]
@@ -983,9 +1007,8 @@ class Soak:
             speedup_achieved=round(self.robot_s / robot_wall_s, 2) if robot_wall_s else 0.0,
             held_wall_s=round(self.held_wall_s, 1), outage_wall_s=round(self.outage_wall_s, 1),
             slow_windows=self.slow_windows,
-            cycles=int(final.get("cycles", 0)), swaps=int(final.get("swaps", 0)),
-            fallbacks=int(final.get("fallbacks", 0)), failovers=int(final.get("failovers", 0)),
-            retries=int(final.get("retries", 0)), decisions=self.decisions,
+            cycles=total["cycles"], swaps=total["swaps"], fallbacks=total["fallbacks"],
+            failovers=total["failovers"], retries=total["retries"], decisions=self.decisions,
             valid_actions=self.valid, failed_decisions=self.failed,
             skipped_ticks=self.skipped_ticks, safe_action=SAFE_ACTION,
             chunks_in=audit.sent, chunks_lost=audit.lost, chunks_duplicated=audit.duplicated,
