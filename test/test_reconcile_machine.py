@@ -319,12 +319,18 @@ def _fill(machine: Reconciliation, text: str, until) -> list:
     return commands
 
 
-def test_machine_falls_back_to_a_synchronous_eviction_when_the_warm_up_cannot_finish_in_time():
-    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=300, reserve_tokens=48,
-                             eager_extend=False)
+def _started(config: ReconcileConfig) -> Reconciliation:
+    """An ASR machine over r1 and r2 whose primary has loaded the prefix."""
     machine = Reconciliation(new_state(), ["r1", "r2"], config)
     (start,) = machine.start()
     machine.handle(OpFinished(start.op_id, True))
+    return machine
+
+
+def test_machine_falls_back_to_a_synchronous_eviction_when_the_warm_up_cannot_finish_in_time():
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=300, reserve_tokens=48,
+                             eager_extend=False)
+    machine = _started(config)
     sent = []
     commands = []
     while machine.counters.fallbacks == 0:       # the warm-up on r2 never finishes
@@ -342,11 +348,8 @@ def test_machine_falls_back_to_a_synchronous_eviction_when_the_warm_up_cannot_fi
 
 
 def test_machine_fallback_version_holds_the_chunk_that_forced_it():
-    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=300, reserve_tokens=48,
-                             eager_extend=False)
-    machine = Reconciliation(new_state(), ["r1", "r2"], config)
-    (start,) = machine.start()
-    machine.handle(OpFinished(start.op_id, True))
+    machine = _started(ReconcileConfig(tau_mem_tokens=100, max_context_tokens=300,
+                                       reserve_tokens=48, eager_extend=False))
     commands = []
     while machine.counters.fallbacks == 0:
         (chunk,) = machine.active.make_chunks("camera sees the red mug at 1.25 m", source="c",
@@ -362,11 +365,9 @@ def test_machine_fallback_version_holds_the_chunk_that_forced_it():
 def test_machine_recovers_a_new_primary_that_fails_while_the_old_one_still_reloads():
     # A fallback reloads r1; before that ends, the next cycle warms r2 and swaps to it. When r2
     # then fails, the machine must recover r2's role, not wait for r1's old reload.
-    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=300, reserve_tokens=48,
-                             n_catchup_tokens=0, eager_extend=False)
-    machine = Reconciliation(new_state(), ["r1", "r2"], config)
-    (start,) = machine.start()
-    machine.handle(OpFinished(start.op_id, True))
+    machine = _started(ReconcileConfig(tau_mem_tokens=100, max_context_tokens=300,
+                                       reserve_tokens=48, n_catchup_tokens=0,
+                                       eager_extend=False))
     commands = _fill(machine, "camera sees the red mug at 1.25 m",
                      lambda: machine.counters.fallbacks == 1)
     (reload,) = [c for c in commands if isinstance(c, Load) and c.purpose == "fallback"]

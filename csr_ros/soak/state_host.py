@@ -62,27 +62,28 @@ REVIVE_EVERY_S = 2.0
 
 @dataclass(frozen=True)
 class HostConfig:
-    """What the state's process is built from (picklable: it crosses into the child)."""
+    """What the state's process is built from (picklable: it crosses into the child). The soak
+    fills every field from its `SoakSettings`, where the defaults are."""
     log_path: str
     host_log: str
     resource: str                    # local | openai
-    urls: tuple[str, ...] = ()
-    model: str = "smollm2"
-    threads: int = 2
-    background_threads: int = 1
-    dtype: str = "auto"
-    backend: str = "auto"
-    tau_mem_tokens: int = 1536
-    max_context_tokens: int = 4096
-    reserve_tokens: int = 128
-    n_catchup_tokens: int = 64
-    max_chunk_tokens: int = 256
-    max_new_tokens: int = 24
-    query_timeout_s: float = 30.0
-    op_timeout_s: float = 180.0
-    capsule_every_s: float | None = 0.0
-    retain_bytes: int | None = None
-    retain_s: float | None = None
+    urls: tuple[str, ...]
+    model: str
+    threads: int
+    background_threads: int
+    dtype: str
+    backend: str
+    tau_mem_tokens: int
+    max_context_tokens: int
+    reserve_tokens: int
+    n_catchup_tokens: int
+    max_chunk_tokens: int
+    max_new_tokens: int
+    query_timeout_s: float
+    op_timeout_s: float
+    capsule_every_s: float | None
+    retain_bytes: int | None
+    retain_s: float | None
 
 
 def start_host(config: HostConfig):
