@@ -68,6 +68,7 @@ class SoakSettings:
     n_catchup_tokens: int = DEMO.n_catchup_tokens
     max_chunk_tokens: int = 256           # longer chunks are truncated (as the nodes do)
     rate_hz: float = 1.0                  # decisions per wall second (a late one skips ticks)
+    keep_up_s: float = 10.0               # a decision slower than this holds robot time
     max_new_tokens: int = DEMO.max_new_tokens
     query_timeout_s: float = 60.0         # a query not answered in this time fails over
     op_timeout_s: float = 180.0           # a load or extend not done in this time fails

@@ -13,9 +13,10 @@ faults at seeded times, each one recovered and checked.
     └──────────────────────────────────┘
 
 The robot clock starts when the state's process is first ready and then runs `speedup` times
-faster than wall time, except while the state says it cannot keep up (a chunk could fill the
-context during a reconciliation, or the primary has work queued): then it is held, and the
-time held and the robot-time spans that ran slow are reported. It does not stop while the
+faster than wall time, except while the state cannot keep up (a chunk could fill the context
+during a reconciliation, the primary has work queued, or a decision takes longer than
+`keep_up_s`: the primary lags behind the stream): then it is held, and the time held and the
+robot-time spans that ran slow are reported. It does not stop while the
 state's process is down: the aggregator keeps rendering into its ring and resends what a new
 process has not got, as on a robot.
 
@@ -247,6 +248,8 @@ class Soak:
         self.valid = 0
         self.failed = 0
         self.outstanding: tuple[int, int] | None = None    # (host generation, tick)
+        self.outstanding_since = 0.0
+        self.last_latency_s = 0.0            # the newest decision's, asked to answered
         self.last_ok_wall = 0.0
         self.slow_windows: list[dict] = []
         self.load_samples: list[float] = []
@@ -354,7 +357,10 @@ class Soak:
             self._poll_status(now)
             with self.lock:
                 behind = bool(self.status.get("at_risk")) or \
-                    self.status.get("primary_backlog", 0) >= BEHIND_BACKLOG
+                    self.status.get("primary_backlog", 0) >= BEHIND_BACKLOG or \
+                    self.last_latency_s > self.s.keep_up_s or \
+                    (self.outstanding is not None and
+                     now - self.outstanding_since > self.s.keep_up_s)
                 live = self.host is not None and self.host.live
                 if self.robot_s >= self.s.robot_s:
                     pass                             # the end: the last fault recovers
@@ -481,6 +487,7 @@ class Soak:
                     self.skipped_ticks += 1         # the robot holds its safe action
                     continue
                 self.outstanding = (host.generation, self.ticks)
+                self.outstanding_since = time.monotonic()
                 suffix = f"Time now: t={self.robot_s:.0f}s."
             if not host.send(("decide", self.ticks, suffix)):
                 with self.lock:
@@ -491,6 +498,7 @@ class Soak:
         with self.lock:
             if self.outstanding == (host.generation, tick):
                 self.outstanding = None
+                self.last_latency_s = now - self.outstanding_since
             self.decisions += 1
             if out.get("ok"):
                 self.last_ok_wall = now

@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=d.n_catchup_tokens)
     stream.add_argument("--rate-hz", type=float, default=d.rate_hz,
                         help=f"decisions per wall second (default {d.rate_hz:g})")
+    stream.add_argument("--keep-up-s", type=float, default=d.keep_up_s,
+                        help=f"a decision slower than this holds robot time: the state does not "
+                             f"keep up (default {d.keep_up_s:g})")
     stream.add_argument("--query-timeout-s", type=float, default=d.query_timeout_s)
     stream.add_argument("--op-timeout-s", type=float, default=d.op_timeout_s)
     out = parser.add_argument_group("output")
