@@ -7,6 +7,13 @@ and says what to write instead. `load_params_file` reads a ROS 2 parameters YAML
 (``node: {ros__parameters: {...}}``) the way ``--params-file`` does, so a file can be checked
 before a robot is started.
 
+A spec's bounds (`min_value`, `max_value`, `positive`) also become the range of its ROS
+descriptor (`ros2 param describe`). Parameters marked `dynamic` may change while the node
+runs (`ros2 param set`) and take effect on its next decision: none of them changes the cached
+prefix. The others are part of what a node configured (the prefix, the models, the topics): a
+configured node refuses a change with the reason (`check_change`), an unconfigured one takes
+it at its next configure transition.
+
 The aggregator's sources are nested parameters: ``sources: [odom, scan]`` names them and
 ``source.<name>.topic`` / ``.type`` / ... describe each one (a YAML mapping under
 ``source:`` flattens to those dotted names).
@@ -16,6 +23,7 @@ Pure: no rclpy.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from dataclasses import dataclass
@@ -24,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import yaml
 
+from csr_ros.chunklog.writer import DEFAULT_MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from csr_ros.errors import ConfigError
 from csr_ros.render import (KIND_DEFAULTS, EmissionConfig, RenderOptions, TopicPolicy,
                             emission_kind, normalize_type_name)
@@ -47,6 +56,8 @@ class ParamSpec:
     positive: bool = False           # > 0 (for rates and periods that divide)
     required: bool = False           # no usable default: the params file must set it
     element: type | None = None      # element type of an array parameter with an empty default
+    max_value: float | None = None   # inclusive
+    dynamic: bool = False            # may change at run time, from the next decision on
 
     @property
     def kind(self) -> type:
@@ -70,8 +81,23 @@ TOPICS = [
     _p("services.query", "csr/query", "Query service of the policy node"),
 ]
 
+LIFECYCLE = [
+    _p("autostart", True, "configure and activate the node as it starts (false: it waits, "
+       "unconfigured, for a lifecycle manager's transitions)"),
+]
+
 CHUNKS = [
-    _p("chunk_log", "", "chunk log file (crash-safe history; '' = none)"),
+    _p("chunk_log", "", "chunk log directory: crash-safe history that survives a restart of "
+       "the node ('' = none; docs/chunklog.md)"),
+    _p("chunk_log_retention.retain_bytes", 0, "keep the chunk log's segments under this many "
+       "bytes, dropping the oldest whole segments (0 = no limit)", min_value=0),
+    _p("chunk_log_retention.retain_s", 0.0, "drop segments last written longer ago than this "
+       "(0 = no limit)", min_value=0.0),
+    _p("chunk_log_retention.action", "archive", "what happens to a dropped segment: moved to "
+       "<chunk_log>/archive/, or deleted", choices=("archive", "delete")),
+    _p("chunk_log_retention.compress", False, "archive dropped segments gzip-compressed"),
+    _p("chunk_log_segment_bytes", DEFAULT_MAX_SEGMENT_BYTES, "start a new segment of the chunk "
+       "log past this size", min_value=MIN_SEGMENT_BYTES),
 ]
 
 ROBOT = [
@@ -81,7 +107,7 @@ ROBOT = [
        "leading slash, none in the root namespace)"),
 ]
 
-AGGREGATOR = TOPICS + CHUNKS + ROBOT + [
+AGGREGATOR = TOPICS + LIFECYCLE + CHUNKS + ROBOT + [
     _p("sources", [], "names of the input sources; each is described by source.<name>.*",
        required=True, element=str),
     _p("strict", False, "stop when a source's message type is not installed (false: start "
@@ -160,13 +186,26 @@ RESOURCE = [
        "reference), bfloat16", choices=("auto", "float32", "bfloat16")),
 ]
 
-POLICY = TOPICS + ROBOT + STATE + RESOURCE + [
+POLICY = TOPICS + LIFECYCLE + ROBOT + STATE + RESOURCE + [
     _p("task", "Decide the robot's next action in one short line.",
-       "instruction of each periodic query"),
+       "instruction of each periodic query", dynamic=True),
     _p("rate_hz", STREAM.rate_hz, "decision rate (a query never starts while one is running)",
-       positive=True),
+       positive=True, max_value=100.0, dynamic=True),
     _p("max_new_tokens", STREAM.max_new_tokens, "tokens generated per decision (an action not "
-       "complete within them is published as not valid)", min_value=1),
+       "complete within them is published as not valid)", min_value=1, max_value=4096,
+       dynamic=True),
+    _p("temperature", 0.0, "sampling temperature of the servers' answers (0 = greedy; the "
+       "in-process engines of all_in_one decode greedily only)", min_value=0.0, max_value=2.0,
+       dynamic=True),
+    _p("safe_action", "", "the action published once, for the controller to hold, when no "
+       "valid decision came for stale_after_s, when the context would overflow, and on "
+       "deactivation; an action of the vocabulary, e.g. wait() ('' = none: only warn)",
+       dynamic=True),
+    _p("stale_after_s", 5.0, "no valid decision for this long: the safe action, and a warning "
+       "with the cause", positive=True, dynamic=True),
+    _p("action_ttl_s", 5.0, "each action on csr/actions is valid until its query's start plus "
+       "this long (valid_until); a decision that took longer is not published there",
+       positive=True, dynamic=True),
     _p("topics.actions", "csr/actions", "Action stream: the typed action of each valid "
        "decision"),
     _p("services.decide", "csr/decide", "Decide action of the policy node (a decision with "
@@ -178,12 +217,12 @@ POLICY = TOPICS + ROBOT + STATE + RESOURCE + [
     _p("actions.seen", [], "enumerations filled from the chunks seen, `name=regex` (group 1 is "
        "a value), used as `$name` in actions.vocabulary", element=str),
     _p("stale_instant_s", 10.0, "instant values older than this are left out of the suffix",
-       positive=True),
+       positive=True, dynamic=True),
     _p("fetch_timeout_s", 5.0, "wait for a GetChunks answer before giving up on a gap",
-       positive=True),
+       positive=True, dynamic=True),
 ]
 
-RECONCILER = TOPICS + CHUNKS + ROBOT + STATE + RESOURCE + [
+RECONCILER = TOPICS + LIFECYCLE + CHUNKS + ROBOT + STATE + RESOURCE + [
     _p("tau_mem_tokens", STREAM.tau_mem_tokens, "static tokens that trigger reconciliation "
        "(eviction)", min_value=1),
     _p("n_catchup_tokens", STREAM.n_catchup_tokens, "catch up while the buffer holds more than "
@@ -212,8 +251,85 @@ def schema(node: str) -> list[ParamSpec]:
 
 def source_schema(name: str) -> list[ParamSpec]:
     """The specs of one source, with full names `source.<name>.<key>`."""
-    return [ParamSpec(f"source.{name}.{s.name}", s.default, s.description, s.choices,
-                      s.min_value, s.positive, s.required, s.element) for s in SOURCE]
+    return [dataclasses.replace(s, name=f"source.{name}.{s.name}") for s in SOURCE]
+
+
+def spec_of(node: str, name: str) -> ParamSpec | None:
+    """The spec of parameter `name` of `node` (a source's too), or None."""
+    for spec in schema(node):
+        if spec.name == name:
+            return spec
+    if node == "aggregator" and name.startswith("source.") and name.count(".") >= 2:
+        source = name.split(".")[1]
+        return next((s for s in source_schema(source) if s.name == name), None)
+    return None
+
+
+def bounds(spec: ParamSpec) -> tuple[float | None, float | None]:
+    """The inclusive range (low, high) a ROS descriptor can say for `spec` (None: unbounded on
+    that side). `positive` is said as low 0 (a descriptor's range is closed); the node still
+    refuses 0 itself."""
+    low = spec.min_value
+    if spec.positive and low is None:
+        low = 0
+    return low, spec.max_value
+
+
+def constraints_text(spec: ParamSpec) -> str:
+    """What the descriptor's `additional_constraints` says: choices, > 0, and whether the
+    parameter may change while the node runs."""
+    said = []
+    if spec.choices:
+        said.append(f"one of {list(spec.choices)}")
+    if spec.positive:
+        said.append("> 0")
+    said.append("changes at run time, from the next decision" if spec.dynamic else
+                "set before configure (a configured node refuses a change)")
+    return "; ".join(said)
+
+
+def check_change(node: str, name: str, value: Any, *, configured: bool,
+                 current: Mapping[str, Any] | None = None) -> Any:
+    """A parameter set while the node runs (`ros2 param set`): the checked value, or a
+    ConfigError that says why it is refused (the node stays as it was).
+
+    A configured node takes only `dynamic` parameters (the others are part of its cached
+    prefix, models or topics); an unconfigured one takes any declared parameter, checked
+    again at its next configure. `current`: the node's values, for the checks that need
+    another parameter (a safe_action must be an action of the vocabulary)."""
+    spec = spec_of(node, name)
+    if spec is None:
+        raise ConfigError(f"{node}: unknown parameter {name!r}")
+    if configured and not spec.dynamic:
+        changing = sorted(s.name for s in schema(node) if s.dynamic)
+        raise ConfigError(
+            f"{node}: {name} cannot change while the node is configured: it is part of what "
+            "the node built at configure (the cached prefix, the models, the topics). "
+            "Deactivate and clean up the node, set it, then configure it again. What changes "
+            f"at run time: {', '.join(changing) or 'nothing'}")
+    value = _check(node, spec, value, True)
+    if spec.name == "safe_action" and configured and current is not None:
+        check_safe_action(node, {**current, "safe_action": value})
+    return value
+
+
+def check_safe_action(node: str, values: Mapping[str, Any]):
+    """The safe action parsed by the node's vocabulary (None when `safe_action` is ''), or an
+    ActionSpecError that says why it is not an action the controller knows."""
+    from csr_ros.errors import ActionParseError, ActionSpecError
+
+    text = values.get("safe_action", "")
+    if not text:
+        return None
+    vocab = vocabulary_from_params(values)
+    if vocab is None:
+        raise ActionSpecError(f"{node}: safe_action {text!r} needs an action vocabulary "
+                              "(actions.vocabulary or actions.schema)")
+    try:
+        return vocab.parse_decision(text)
+    except (ActionParseError, ActionSpecError) as exc:
+        raise ActionSpecError(f"{node}: safe_action {text!r} is not an action of the "
+                              f"vocabulary: {exc}") from None
 
 
 # -- validation -------------------------------------------------------------------------------
@@ -257,6 +373,8 @@ def validate(node: str, values: Mapping[str, Any], *,
                                        render_defaults=out)
     if node in ("policy", "reconciler"):
         _check_actions(node, out)
+    if node == "policy":
+        check_safe_action(node, out)
     if node in ("policy", "reconciler") and out["resource.kind"] == "openai" \
             and not (out["resource.r1_url"] and out["resource.r2_url"]):
         raise ConfigError(f"{node}: resource.r1_url and resource.r2_url must name the servers")
@@ -452,6 +570,12 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def check_value(node: str, spec: ParamSpec, value: Any) -> Any:
+    """`value` for `spec` of `node`, or a ConfigError naming what is wrong (type, choice,
+    range)."""
+    return _check(node, spec, value, True)
+
+
 def _check(node: str, spec: ParamSpec, value: Any, given: bool) -> Any:
     where = f"{node}: {spec.name}"
     if spec.required and (not given or value in ("", [], None)):
@@ -471,6 +595,8 @@ def _check(node: str, spec: ParamSpec, value: Any, given: bool) -> Any:
         raise ConfigError(f"{where} must be > 0, got {value}")
     if spec.min_value is not None and value < spec.min_value:
         raise ConfigError(f"{where} must be >= {spec.min_value}, got {value}")
+    if spec.max_value is not None and value > spec.max_value:
+        raise ConfigError(f"{where} must be <= {spec.max_value}, got {value}")
     return value
 
 
@@ -616,6 +742,26 @@ def vocabulary_from_params(params: Mapping):
         return None
     return Vocabulary.from_params(specs, schema, max_str_chars=params.get("actions.max_str_chars",
                                                                            32))
+
+
+def chunk_log_options(params: Mapping, *, keep_state: bool) -> dict[str, Any]:
+    """`ChunkLog(path, **options)` from the `chunk_log_*` parameters. `keep_state`: the log
+    folds into a state that must be rebuilt (the reconciler's); False for a log that is only
+    history (the aggregator's: late joiners get what retention leaves)."""
+    from csr_ros.chunklog import Retention
+
+    retain_bytes = params["chunk_log_retention.retain_bytes"]
+    retain_s = params["chunk_log_retention.retain_s"]
+    retention = None
+    if retain_bytes or retain_s:
+        try:
+            retention = Retention(retain_bytes=retain_bytes or None, retain_s=retain_s or None,
+                                  action=params["chunk_log_retention.action"],
+                                  compress=params["chunk_log_retention.compress"],
+                                  keep_state=keep_state)
+        except ConfigError as exc:
+            raise ConfigError(f"chunk_log_retention: {exc}") from None
+    return {"max_segment_bytes": params["chunk_log_segment_bytes"], "retention": retention}
 
 
 def state_from_params(params: Mapping, tokenizer) -> CsrState:
