@@ -6,13 +6,18 @@ them, and is not on PyPI).
     check_params_file a missing or broken params file stops the launch with a clear message
     node_namespace    `namespace:=` → the nodes' namespace (one robot of several on a graph)
     robot_parameters  `robot_id:=` → the robot_id parameter, checked, only when given
+    lifecycle_parameters `autostart:=` → the nodes' autostart parameter (true: active at once;
+                      false: unconfigured, for the robot's lifecycle manager)
+    node_exit_reason  why the launch ends when one of its nodes exits: the node, how it ended,
+                      and the error it reported (`error_lines`)
     check_bag         the replay launch's bag arguments, checked before any process starts
     choose_player     `player:=auto|rosbag2|csr`: which bag player the replay launch runs
     bag_play_command  `ros2 bag play` with the replay launch's options
     csr_play_command  `csr-ros replay BAG --play` with the same options (no rosbag2 needed)
     player_exit_reason why the launch stops when its bag player exits with an error
 
-Pure: no launch, no rclpy (rosbag2_available only looks for the `ros2 bag` command).
+Pure: no launch, no rclpy (rosbag2_available only looks for the `ros2 bag` command). The launch
+actions built from these decisions are in csr_ros.launch_actions.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import shutil
+import signal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -106,6 +112,24 @@ def node_namespace(text: str) -> str | None:
                           "of letters, digits and '_', none starting with a digit, separated "
                           "by single '/' (e.g. robot_a, /robot_a or /warehouse/robot_7)")
     return ("/" if name.startswith("/") else "") + body
+
+
+#: The launch argument that decides how the nodes come up, in every launch file of nodes.
+LIFECYCLE_ARGUMENTS = {
+    "autostart": "true: each node configures and activates itself as it starts; false: the "
+                 "nodes wait, unconfigured, for a lifecycle manager (ros2 lifecycle set, "
+                 "nav2's lifecycle_manager)",
+}
+
+
+def lifecycle_parameters(arguments: Mapping[str, str]) -> dict[str, Any]:
+    """{'autostart': bool} for `autostart:=` (true when not given)."""
+    text = arguments.get("autostart", "") or "true"
+    try:
+        return {"autostart": _as_bool(text)}
+    except ConfigError:
+        raise ConfigError(f"launch argument autostart:={text!r} is not a boolean; write true "
+                          "or false") from None
 
 
 def robot_parameters(arguments: Mapping[str, str]) -> dict[str, Any]:
@@ -209,14 +233,62 @@ def check_bag(arguments: Mapping[str, str], *, rosbag2: bool) -> list[str]:
                  loop=_as_bool(arguments.get("loop", "false") or "false"))
 
 
+# How csr_ros programs and Python report their own errors, as opposed to what else they
+# print: argparse's `prog: error: ...` (csr-ros), the nodes' `[name] error: ...` (common.run),
+# a ROS log line at ERROR or FATAL, and the last line of a Python traceback.
+_ERROR_LINE = re.compile(
+    r"^(\S+: error: |\[[^\]]+\] error: |\[(ERROR|FATAL)\] \[[0-9.]+\] \[[^\]]*\]: "
+    r"|[A-Za-z_][\w.]*(Error|Exception|Interrupt)(: |$))")
+# A ROS log line below ERROR: rcl's deprecation warnings, a node's infos.
+_ROS_LOG_LINE = re.compile(r"^\[(DEBUG|INFO|WARN)\] \[[0-9.]+\] \[[^\]]*\]: ")
+MAX_REASON_LINES = 3
+
+
+def error_lines(output_lines: Sequence[str]) -> list[str]:
+    """The lines in which a process reported its own error (the latest MAX_REASON_LINES);
+    without any, its last lines that are not ROS log lines below ERROR (rcl's deprecation
+    warnings at start-up are not why a process ended)."""
+    lines = [line.strip() for line in output_lines if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.match(line)]
+    if errors:
+        return errors[-MAX_REASON_LINES:]
+    return [line for line in lines if not _ROS_LOG_LINE.match(line)][-MAX_REASON_LINES:]
+
+
+def _how_it_ended(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "an unknown signal"
+        return f"was killed by signal {-returncode} ({name})"
+    return f"exited with code {returncode}"
+
+
+def _what_it_said(output_lines: Sequence[str]) -> str:
+    errors = error_lines(output_lines)
+    if errors:
+        return ": " + " | ".join(errors)
+    if any(line.strip() for line in output_lines):
+        return " (it reported no error)"
+    return " (it printed nothing)"
+
+
 def player_exit_reason(returncode: int | None, output_lines: Sequence[str]) -> str | None:
     """Why the replay launch stops when its bag player exits (None: it finished, exit 0; the
-    nodes stay up). The reason carries the player's last lines, its error."""
+    nodes stay up). The reason is the error the player reported (`error_lines`)."""
     if returncode == 0:
         return None
-    said = " | ".join(line.strip() for line in output_lines if line.strip())
-    return (f"the bag player exited with code {returncode}"
-            + (f": {said}" if said else " (it printed nothing)"))
+    return f"the bag player exited with code {returncode}{_what_it_said(output_lines)}"
+
+
+def node_exit_reason(name: str, returncode: int | None, output_lines: Sequence[str]) -> str:
+    """Why the launch ends when node process `name` exits while the launch runs (a node is
+    never expected to end on its own, exit code 0 included): the node, how it ended and the
+    error it reported."""
+    return (f"the node process {name} {_how_it_ended(returncode)} while the launch ran; the "
+            "launch ends with it (nothing restarts a node: docs/ros.md, 'When a node dies')"
+            + _what_it_said(output_lines))
 
 
 def _split(text: str) -> list[str]:

@@ -1,0 +1,45 @@
+"""Launch actions the launch files share: a node process that exits while the launch runs ends
+the launch, naming the node and the error it reported.
+
+    watched(node_action, "policy")  → [node_action, what ends the launch when it exits]
+
+The decisions (what the reason says, which lines are the error) are csr_ros.launch_args's,
+tested without launch; this module only wires them to launch's events. It imports `launch`,
+which is not on PyPI: only the launch files import it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from launch.actions import RegisterEventHandler
+from launch.event_handlers import OnProcessExit, OnProcessIO
+
+from csr_ros.errors import CsrError
+from csr_ros.launch_args import node_exit_reason
+
+OUTPUT_LINES = 200         # a process's latest lines kept to find its error in
+
+
+class NodeExited(CsrError):
+    """A node process ended while the launch ran: launch logs this, stops the others and
+    exits 1."""
+
+
+def watched(node_action, name: str) -> list:
+    """`node_action` and the handlers that end the launch when its process exits while the
+    launch is not shutting down (a node is never expected to end on its own)."""
+    lines: deque[str] = deque(maxlen=OUTPUT_LINES)
+
+    def heard(event):
+        lines.extend(event.text.decode(errors="replace").splitlines())
+
+    def exited(event, launch_context):
+        if launch_context.is_shutdown:     # stopped with the rest (Ctrl-C, another's exit)
+            return None
+        raise NodeExited(node_exit_reason(name, event.returncode, list(lines)))
+
+    return [node_action,
+            RegisterEventHandler(OnProcessIO(target_action=node_action, on_stdout=heard,
+                                             on_stderr=heard)),
+            RegisterEventHandler(OnProcessExit(target_action=node_action, on_exit=exited))]
