@@ -40,8 +40,13 @@ class Graph:
         self.context = get_default_context()
         self.executor = MultiThreadedExecutor(num_threads=threads, context=self.context)
         self.nodes: list[Node] = []
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._spin, daemon=True)
         self.thread.start()
+
+    def _spin(self) -> None:
+        while not self.stopping.is_set() and self.context.ok():
+            self.executor.spin_once(timeout_sec=0.1)
 
     def add(self, node: Node) -> Node:
         self.nodes.append(node)
@@ -61,8 +66,18 @@ class Graph:
         node.destroy_node()
 
     def close(self) -> None:
-        self.executor.shutdown()
+        """As a node process stops (csr_ros.nodes.common.run): the spin ends, the handlers the
+        executor queued run out while it still exists, then the nodes are closed."""
+        from csr_ros.nodes.common import drain_callbacks
+
+        for node in self.nodes:
+            stop = getattr(node, "stop_callbacks", None)
+            if stop is not None:
+                stop()
+        self.stopping.set()
         self.thread.join(timeout=10.0)
+        drain_callbacks(self.executor, timeout_s=5.0)
+        self.executor.shutdown()
         for node in reversed(self.nodes):
             close = getattr(node, "close", None)
             if close is not None:

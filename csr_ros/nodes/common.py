@@ -8,6 +8,7 @@ import difflib
 import functools
 import importlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -17,8 +18,9 @@ from typing import Any, Callable, Sequence
 
 import rclpy
 from builtin_interfaces.msg import Time
-from rcl_interfaces.msg import ParameterDescriptor
-from rclpy.exceptions import InvalidParameterTypeException, ParameterUninitializedException
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+from rclpy.exceptions import (InvalidParameterTypeException, InvalidParameterValueException,
+                              ParameterUninitializedException)
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.node import Node
@@ -28,7 +30,8 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from csr_ros.errors import ConfigError, CsrError, MessageTypeNotInstalledError
 from csr_ros.node_logic.stream import ChunkEvent, FetchRequest
 from csr_ros.render import normalize_type_name
-from csr_ros.ros_params import ParamSpec, check_params_files, type_problem
+from csr_ros.ros_params import (ParamSpec, bounds, check_params_files, check_value,
+                                constraints_text, type_problem)
 
 # The chunk stream must not lose a chunk under a burst (a bag replayed fast, many sources at
 # once): reliable, and deep enough that a slow subscriber catches up before keep-last drops.
@@ -43,9 +46,18 @@ INSTANT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50,
 SWAPS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
                        reliability=ReliabilityPolicy.RELIABLE,
                        durability=DurabilityPolicy.TRANSIENT_LOCAL)
+# Decisions: reliable, and latched for the last few, so a monitor or logger that joins late
+# gets the latest decisions at once.
 DECISIONS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
                            reliability=ReliabilityPolicy.RELIABLE,
-                           durability=DurabilityPolicy.VOLATILE)
+                           durability=DurabilityPolicy.TRANSIENT_LOCAL)
+# Actions for a controller: reliable, and latched with depth 1, so a controller that joins late
+# (or restarts) gets exactly the latest action, whose valid_until says if it still holds, and
+# never an older one. Any subscriber matches: volatile gets only new ones, transient local the
+# latest at once; best effort matches too, but may lose actions on a lossy link.
+ACTIONS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+                         reliability=ReliabilityPolicy.RELIABLE,
+                         durability=DurabilityPolicy.TRANSIENT_LOCAL)
 # What diagnostic_aggregator and rqt_robot_monitor subscribe with.
 DIAGNOSTICS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
                              reliability=ReliabilityPolicy.RELIABLE,
@@ -55,32 +67,72 @@ _ARRAY_TYPES = {str: Parameter.Type.STRING_ARRAY, int: Parameter.Type.INTEGER_AR
                 float: Parameter.Type.DOUBLE_ARRAY, bool: Parameter.Type.BOOL_ARRAY}
 
 
-def declare(node: Node, specs: Sequence[ParamSpec]) -> dict[str, Any]:
-    """Declare every spec (description, default, read-only) and return the values.
+def descriptor(spec: ParamSpec) -> ParameterDescriptor:
+    """The ROS descriptor of a spec: its description, its range (`ros2 param describe`), what
+    else constrains it, and whether it may change at run time (the node's set-parameters
+    callback decides that, with the reason, so none is marked read-only)."""
+    out = ParameterDescriptor(description=spec.description,
+                              additional_constraints=constraints_text(spec))
+    low, high = bounds(spec)
+    if spec.kind is int and (low is not None or high is not None):
+        out.integer_range = [IntegerRange(from_value=int(low if low is not None else -2**63),
+                                          to_value=int(high if high is not None else 2**63 - 1),
+                                          step=0)]
+    elif spec.kind is float and (low is not None or high is not None):
+        out.floating_point_range = [FloatingPointRange(
+            from_value=float(low if low is not None else -math.inf),
+            to_value=float(high if high is not None else math.inf), step=0.0)]
+    return out
+
+
+def declare(node: Node, specs: Sequence[ParamSpec]) -> dict[str, str]:
+    """Declare every spec not declared yet, with its descriptor; the params file's or the
+    command line's value where one is given, else the default.
 
     A parameter without a usable default (an empty list) is declared statically typed and
-    uninitialized; it is left out of the result unless the params file sets it.
+    uninitialized. A given value that cannot be declared (the wrong type, out of range) is
+    declared with the default instead and returned as {name: what is wrong}: the node refuses
+    to configure until it is set right.
     """
-    values: dict[str, Any] = {}
+    problems: dict[str, str] = {}
     for spec in specs:
-        constraints = f"one of {list(spec.choices)}" if spec.choices else ""
-        descriptor = ParameterDescriptor(description=spec.description, read_only=True,
-                                         additional_constraints=constraints)
+        if node.has_parameter(spec.name):
+            continue
         default = spec.default
         if isinstance(default, list) and not default:
             default = _ARRAY_TYPES[spec.element or str]
         try:
-            node.declare_parameter(spec.name, default, descriptor)
+            node.declare_parameter(spec.name, default, descriptor(spec))
+        except (InvalidParameterTypeException, InvalidParameterValueException) as exc:
+            problems[spec.name] = _declare_problem(node.get_name(), spec,
+                                                   given_parameters(node).get(spec.name), exc)
+            node.declare_parameter(spec.name, default, descriptor(spec), ignore_override=True)
+    return problems
+
+
+def _declare_problem(node_name: str, spec: ParamSpec, given: Any, exc: Exception) -> str:
+    """What is wrong with a given value rclpy refused to declare, said as validate says it."""
+    where = f"{node_name}: {spec.name}"
+    problem = type_problem(spec, given) if given is not None else None
+    if problem is not None:
+        return f"{where} {problem}"
+    try:
+        check_value(node_name, spec, given)
+    except ConfigError as bad:
+        return str(bad)
+    return f"{where}: {exc}"
+
+
+def read_params(node: Node, specs: Sequence[ParamSpec]) -> dict[str, Any]:
+    """The current values of the declared specs (uninitialized ones left out), lists as
+    lists."""
+    values: dict[str, Any] = {}
+    for spec in specs:
+        try:
             value = node.get_parameter(spec.name).value
         except ParameterUninitializedException:
             continue
-        except InvalidParameterTypeException as exc:
-            given = given_parameters(node).get(spec.name, exc)
-            problem = type_problem(spec, given) if given is not exc else None
-            raise ConfigError(f"{node.get_name()}: {spec.name} " + (
-                problem or f"has the wrong type: {exc}")) from None
-        values[spec.name] = list(value) if isinstance(default, Parameter.Type) or \
-            isinstance(spec.default, list) else value
+        values[spec.name] = list(value) if spec.kind is list else value
     return values
 
 
@@ -228,8 +280,10 @@ class ChunkFetcher:
             return
         future = self.client.call_async(
             self.client.srv_type.Request(start_seq=request.start_seq, end_seq=request.end_seq))
-        future.add_done_callback(functools.partial(self._done, self.fetch_id,
-                                                   request.end_seq == 0))
+        done = functools.partial(self._done, self.fetch_id, request.end_seq == 0)
+        # the executor runs it as a task: what it raised would end the spin
+        guarded = getattr(self.node, "guarded", None)
+        future.add_done_callback(guarded(done, where="get_chunks_answer") if guarded else done)
 
     def give_up_after(self, timeout_s: float) -> bool:
         """Under the lock, while a fetch is outstanding: True (and its answer will be dropped)
@@ -277,14 +331,16 @@ def resolve_message_type(type_name: str):
     return cls
 
 
-class _Stop(Exception):
-    """SIGINT/SIGTERM while the nodes are being built (a model loading)."""
+class _Stop(BaseException):
+    """SIGINT/SIGTERM while the nodes are being built (a model loading). Not an Exception: a
+    lifecycle transition that runs meanwhile must not take it for its own failure."""
 
 
 def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
         threads: int | None = None, label: str | None = None) -> int:
     """Standard main(): init, spin, clean shutdown on Ctrl-C and SIGTERM (exit 0, no traceback,
-    within a few seconds: a running query is abandoned, not awaited); a ConfigError exits 2.
+    within a few seconds: a running query is abandoned, not awaited); a ConfigError exits 2,
+    and so does a node that gave up bringing itself up with autostart (its `exit_error`).
 
     Each factory is called with the nodes made before it (all_in_one hands its reconciler to
     the policy). Nodes are closed and destroyed in reverse order, also when a later one fails.
@@ -314,11 +370,13 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
         print(f"[{name}] error: cannot start ROS: {exc}", file=sys.stderr)
         return 2
     nodes: list[Node] = []
+    names: list[str] = []                # said after the nodes are destroyed
     executor = MultiThreadedExecutor(num_threads=threads) if threads else None
     code = 0
     try:
         for make in make_nodes:
             nodes.append(make(*nodes))
+            names.append(nodes[-1].get_name())
         phase["building"] = False
         if executor is None:
             rclpy.spin(nodes[0])
@@ -340,17 +398,30 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
     finally:
         phase["building"] = False
         try:
+            for node in nodes:
+                stop = getattr(node, "stop_callbacks", None)
+                if stop is not None:
+                    stop()
             if executor is not None:
+                drain_callbacks(executor, timeout_s=2.0)
                 executor.shutdown(timeout_sec=2.0)
             for node in reversed(nodes):
                 close = getattr(node, "close", None)
                 if close is not None:
-                    close()
+                    close()       # ends the service calls and goals that still wait
+            if executor is not None:
+                drain_callbacks(executor, timeout_s=1.0)   # they answer before it is gone
+            for node in reversed(nodes):
                 node.destroy_node()
         finally:
             rclpy.try_shutdown()
             for sig, old in previous.items():
                 signal.signal(sig, old)
+    for node, node_name in zip(nodes, names):
+        gave_up = getattr(node, "exit_error", None)
+        if gave_up is not None:
+            print(f"[{label or node_name}] error: {gave_up}", file=sys.stderr)
+            code = 2
     busy = _busy_workers() + _busy_callbacks(executor, timeout_s=1.0)
     if busy:
         # A model is still computing on a worker thread (a query or a warm-up that cannot be
@@ -365,6 +436,30 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def drain_callbacks(executor, *, timeout_s: float) -> bool:
+    """Let the handlers a MultiThreadedExecutor has queued run out, before its shutdown().
+
+    jazzy's MultiThreadedExecutor hands each ready callback to a thread pool (`_executor`) and
+    its shutdown() destroys its guard condition at once, without waiting (its wait is skipped).
+    A handler still queued then starts, triggers that guard condition first thing and fails
+    with InvalidHandle ("cannot use Destroyable because destruction was requested"); nobody
+    retrieves that exception after spin ended, so Python prints it as the handler is collected
+    ("The following exception was never retrieved"). Cancelling them instead leaves their
+    coroutines never awaited, also printed. So: no new handlers (the spin has ended), the
+    queued ones run (the nodes' callbacks return at once once `stop_callbacks` was called),
+    and only then shutdown(). True when the pool is idle within `timeout_s` (a callback still
+    running, e.g. a model load, is the caller's to handle)."""
+    pool = getattr(executor, "_executor", None)
+    if pool is None:
+        return True
+    pool.shutdown(wait=False)
+    deadline = time.monotonic() + timeout_s
+    threads = list(getattr(pool, "_threads", ()))
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in threads)
 
 
 def _busy_workers() -> list[str]:

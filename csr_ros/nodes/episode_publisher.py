@@ -27,6 +27,7 @@ from std_msgs.msg import String
 
 from csr_ros.demo_episode import Episode
 from csr_ros.nodes.common import run
+from csr_ros.nodes.managed import GuardedCallbacks
 
 TOPICS = {"odom": ("/odom", Odometry), "scan": ("/scan", LaserScan),
           "battery": ("/battery_state", BatteryState), "detections": ("/detections", String),
@@ -49,9 +50,10 @@ def wall_ranges(x_m: float, y_m: float, yaw_rad: float) -> list[float]:
     return ranges
 
 
-class EpisodePublisherNode(Node):
+class EpisodePublisherNode(GuardedCallbacks, Node):
     def __init__(self, **kwargs):
         super().__init__("episode_publisher", **kwargs)
+        self.start_guard()              # a callback that raises is logged, never the end
         self.declare_parameter("seed", 0)
         self.declare_parameter("chunk_rate_hz", 0.5)
         self.declare_parameter("detail", 3)
