@@ -13,6 +13,14 @@ and the seq continue across restarts; without one a restarted aggregator starts 
 seq 0, and the other nodes begin a new version from it (never a silent merge of two streams).
 The node clock going backwards (a bag played with --loop wrapping, a simulator reset) resets
 the Emitter's per-source state; each jump is logged and counted on /diagnostics.
+
+Lifecycle (nodes/managed.py): configure checks the parameters and the message types, opens
+the chunk log (retention from the chunk_log_* parameters; the log is only history, so it never
+keeps a segment for a state) and serves GetChunks; activate subscribes to the sources;
+deactivate stops taking messages after turning what it holds into chunks. An inactive
+aggregator keeps its ring and chunk log and still answers GetChunks: memory is never dropped.
+Cleanup closes the chunk log and drops the ring (without a chunk log the next configure starts
+a new stream).
 """
 
 from __future__ import annotations
@@ -22,19 +30,18 @@ import itertools
 import uuid
 from collections import deque
 
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.clock import Clock, ClockType
-from rclpy.node import Node
+from rclpy.exceptions import ParameterUninitializedException
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 
 from csr_ros import ros_params
 from csr_ros.chunklog import ChunkLog, ChunkRecord, last_stream
 from csr_ros.errors import ConfigError, MessageTypeNotInstalledError
 from csr_ros.msg import StateChunk
-from csr_ros.nodes.common import (route_library_logging, unroute_library_logging,
-                                  CHUNKS_QOS, DIAGNOSTICS_QOS, INSTANT_QOS, declare,
-                                  resolve_message_type, run, status_name, time_msg,
-                                  with_undeclared)
+from csr_ros.node_logic.health import OK, WARN
+from csr_ros.nodes.common import (CHUNKS_QOS, INSTANT_QOS, resolve_message_type,
+                                  route_library_logging, run, time_msg, unroute_library_logging)
+from csr_ros.nodes.managed import ManagedNode
 from csr_ros.render import Emitted, Emitter, episode_origin_ns
 from csr_ros.ros_params import QosChoice, SourceConfig, match_publishers
 from csr_ros.srv import GetChunks
@@ -52,37 +59,60 @@ def source_depth(source: SourceConfig) -> int:
     return EVENT_DEPTH if source.emission.event or source.period_s == 0 else SOURCE_DEPTH
 
 
-class AggregatorNode(Node):
+class AggregatorNode(ManagedNode):
     def __init__(self, **kwargs):
         super().__init__("aggregator", **kwargs)
         route_library_logging(self)
-        values = declare(self, ros_params.AGGREGATOR)
-        specs = list(ros_params.AGGREGATOR)
-        for name in values.get("sources", []):
-            values.update(declare(self, ros_params.source_schema(name)))
-            specs += ros_params.source_schema(name)
-        self.message_types: dict[str, type] = {}          # type name → class
+        self.said_skipped: set[tuple[str, str]] = set()   # skipped sources, said once each
+        self.chunk_log: ChunkLog | None = None
+        self.ring: deque[StateChunk] | None = None
+        self.sources: dict[str, SourceConfig] = {}
         self.skipped: dict[str, str] = {}                  # source name → why
+        self.source_subs: dict[str, object] = {}
+        self.timers_made: list = []
+        self.declare_schema("aggregator", list(ros_params.AGGREGATOR))
+        for name in self._source_names():       # described now, so `ros2 param list` shows them
+            self.declare_schema("aggregator", ros_params.source_schema(name))
+        self.bring_up()
+
+    def _source_names(self) -> list[str]:
+        try:
+            return list(self.get_parameter("sources").value or [])
+        except ParameterUninitializedException:
+            return []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def configure(self) -> None:
+        """Parameters checked, message types resolved, the chunk log opened (the stream and
+        seq go on from it), publishers and the GetChunks service made."""
+        for name in self._source_names():       # sources set since the node was made
+            self.declare_schema("aggregator", ros_params.source_schema(name))
+        self.message_types: dict[str, type] = {}          # type name → class
         missing: dict[str, str] = {}
+        strict = self.get_parameter("strict").value
 
         def resolve(type_name: str):
             try:
                 self.message_types[type_name] = resolve_message_type(type_name)
             except MessageTypeNotInstalledError as exc:
-                if values.get("strict", False):
+                if strict:
                     raise
                 missing[type_name] = str(exc)
 
-        self.params = ros_params.validate("aggregator", with_undeclared(self, values, specs),
-                                          resolve_type=resolve)
-        self.robot_id = ros_params.robot_id_for(self.params["robot_id"], self.get_namespace())
-        self.sources: dict[str, SourceConfig] = {}
-        for source in self.params["sources"]:
+        p = self.params = self.checked_params(resolve_type=resolve)
+        self.robot_id = ros_params.robot_id_for(p["robot_id"], self.get_namespace())
+        self.sources, self.skipped = {}, {}
+        for source in p["sources"]:
             if source.type_name in missing:
                 self.skipped[source.name] = missing[source.type_name]
-                self.get_logger().error(
-                    f"source {source.name!r} ({source.topic}) skipped: "
-                    f"{missing[source.type_name]}; set strict:=true to stop instead")
+                if (source.name, source.type_name) not in self.said_skipped:
+                    # expected where a type's package is not installed (vision_msgs on the
+                    # PyPI wheels): said once, and kept on /diagnostics (WARN, skipped.<name>)
+                    self.said_skipped.add((source.name, source.type_name))
+                    self.get_logger().info(
+                        f"source {source.name!r} ({source.topic}) skipped: "
+                        f"{missing[source.type_name]}; set strict:=true to stop instead")
             else:
                 self.sources[source.name] = source
         if not self.sources:
@@ -92,8 +122,11 @@ class AggregatorNode(Node):
         self.emitter = Emitter(self.sources.values())
         self.time_jumps = 0
         self.last_time_jump_s: float | None = None
-        self.ring: deque[StateChunk] = deque(maxlen=self.params["ring_size"])
-        self.chunk_log = ChunkLog(self.params["chunk_log"]) if self.params["chunk_log"] else None
+        self.ring = deque(maxlen=p["ring_size"])
+        if p["chunk_log"]:
+            # only history: retention may drop what no restart needs
+            self.chunk_log = ChunkLog(p["chunk_log"],
+                                      **ros_params.chunk_log_options(p, keep_state=False))
         self.next_seq = self._restore_seq()
         self.stream = self._restore_stream()
         if self.chunk_log is not None:      # the episode goes on: chunk times continue, not at 0
@@ -101,32 +134,64 @@ class AggregatorNode(Node):
         self.instant_seq = itertools.count()
         self.render_errors: dict[str, int] = {}
         self.wrong_types: dict[str, set[str]] = {}      # source → other types seen on its topic
-
-        self.chunk_pub = self.create_publisher(StateChunk, self.params["topics.chunks"],
-                                               CHUNKS_QOS)
-        self.instant_pub = self.create_publisher(StateChunk, self.params["topics.instant"],
-                                                 INSTANT_QOS)
-        self.get_chunks_srv = self.create_service(GetChunks, self.params["services.get_chunks"],
-                                                  self.get_chunks_callback)
-        self.source_subs = {}
         self.source_qos: dict[str, QosChoice] = {}
+        # lifecycle publishers: an inactive aggregator publishes nothing
+        self.chunk_pub = self.create_lifecycle_publisher(StateChunk, p["topics.chunks"],
+                                                         CHUNKS_QOS)
+        self.instant_pub = self.create_lifecycle_publisher(StateChunk, p["topics.instant"],
+                                                           INSTANT_QOS)
+        # served while inactive too: the memory is never dropped, late joiners still catch up
+        self.get_chunks_srv = self.create_service(GetChunks, p["services.get_chunks"],
+                                                  self.get_chunks_callback)
+
+    def activate(self) -> None:
+        """Subscribe to the sources (QoS matched to their publishers) and start the timers."""
+        p = self.params
         for source in self.sources.values():
             self._subscribe(source)
-        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics",
-                                                     DIAGNOSTICS_QOS)
         # on the steady clock: with use_sim_time, /clock may stop or go back (a paused or
         # looping bag), and held values, QoS rechecks and diagnostics must go on
         steady = Clock(clock_type=ClockType.STEADY_TIME)
-        self.poll_timer = self.create_timer(1.0 / self.params["poll_hz"], self.poll_callback,
-                                            clock=steady)
-        self.qos_timer = self.create_timer(self.params["qos_recheck_s"], self.qos_recheck_callback,
-                                           clock=steady)
-        self.diagnostics_timer = self.create_timer(1.0, self.diagnostics_callback, clock=steady)
+        self.timers_made = [
+            self.create_timer(1.0 / p["poll_hz"], self.poll_callback, clock=steady),
+            self.create_timer(p["qos_recheck_s"], self.qos_recheck_callback, clock=steady)]
         self.get_logger().info(
-            f"aggregating {len(self.sources)} sources into {self.params['topics.chunks']} "
+            f"aggregating {len(self.sources)} sources into {p['topics.chunks']} "
             f"from seq {self.next_seq} of stream {self.stream}: " + ", ".join(
                 f"{s.name}={s.topic}{' (instant)' if s.instant else ''}"
                 for s in self.sources.values()))
+
+    def deactivate(self) -> None:
+        """Stop taking messages; what the emitter holds (rate-limited values) becomes chunks
+        first, so nothing that arrived is dropped. The ring and the chunk log stay."""
+        for timer in self.timers_made:
+            self.destroy_timer(timer)
+        self.timers_made = []
+        for sub in self.source_subs.values():
+            self.destroy_subscription(sub)
+        self.source_subs = {}
+        if self.context.ok():
+            self._publish_all(self.emitter.flush(self.get_clock().now().nanoseconds))
+
+    def release(self) -> None:
+        for name in ("chunk_pub", "instant_pub"):
+            pub = getattr(self, name, None)
+            if pub is not None:
+                self.destroy_lifecycle_publisher(pub)
+                setattr(self, name, None)
+        if getattr(self, "get_chunks_srv", None) is not None:
+            self.destroy_service(self.get_chunks_srv)
+            self.get_chunks_srv = None
+        if self.chunk_log is not None:
+            self.chunk_log.close()
+            self.chunk_log = None
+        self.ring = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            unroute_library_logging(self)
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -275,42 +340,25 @@ class AggregatorNode(Node):
 
     # -- health --------------------------------------------------------------------------------
 
-    def diagnostics_callback(self) -> None:
-        """1 Hz on /diagnostics: WARN while a configured source is skipped, has a publisher of
-        another type, or cannot render; the stream and time jumps as values."""
-        level, problems = DiagnosticStatus.OK, [f"{name} skipped" for name in self.skipped]
+    def work_status(self, now_s: float) -> tuple[int, str, list[tuple[str, str]]]:
+        """WARN while a configured source is skipped, has a publisher of another type, or
+        cannot render; the stream and time jumps as values."""
+        level, problems = OK, [f"{name} skipped" for name in self.skipped]
         for name, types in sorted(self.wrong_types.items()):
             problems.append(f"{name}: publisher of {', '.join(sorted(types))} on "
                             f"{self.sources[name].topic}, expected {self.sources[name].type_name}")
         for name, count in sorted(self.render_errors.items()):
             problems.append(f"{name}: {count} messages could not be rendered")
         if problems:
-            level = DiagnosticStatus.WARN
-        values = [KeyValue(key="stream", value=self.stream),
-                  KeyValue(key="next_seq", value=str(self.next_seq)),
-                  KeyValue(key="sources", value=", ".join(self.sources)),
-                  KeyValue(key="time_jumps", value=str(self.time_jumps))]
-        if self.robot_id:
-            values.append(KeyValue(key="robot_id", value=self.robot_id))
-        values += [KeyValue(key=f"skipped.{name}", value=why)
-                   for name, why in self.skipped.items()]
+            level = WARN
+        values = [("stream", self.stream), ("next_seq", str(self.next_seq)),
+                  ("sources", ", ".join(self.sources)), ("time_jumps", str(self.time_jumps))]
+        values += [(f"skipped.{name}", why) for name, why in self.skipped.items()]
         if self.last_time_jump_s is not None:
-            values.append(KeyValue(key="last_time_jump_s", value=f"{self.last_time_jump_s:.3f}"))
+            values.append(("last_time_jump_s", f"{self.last_time_jump_s:.3f}"))
         for name, types in sorted(self.wrong_types.items()):
-            values.append(KeyValue(key=f"wrong_type.{name}", value=",".join(sorted(types))))
-        status = DiagnosticStatus(level=level, name=status_name(self),
-                                  message="; ".join(problems) or "ok",
-                                  hardware_id=self.get_fully_qualified_name(), values=values)
-        array = DiagnosticArray(status=[status])
-        array.header.stamp = self.get_clock().now().to_msg()
-        self.diagnostics_pub.publish(array)
-
-    def close(self) -> None:
-        if self.context.ok():          # still up (not stopped by Ctrl-C): send what is held
-            self._publish_all(self.emitter.flush(self.get_clock().now().nanoseconds))
-        if self.chunk_log is not None:
-            self.chunk_log.close()
-        unroute_library_logging(self)
+            values.append((f"wrong_type.{name}", ",".join(sorted(types))))
+        return level, "; ".join(problems) or "ok", values
 
 
 def main(args=None) -> int:

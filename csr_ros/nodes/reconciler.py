@@ -22,9 +22,7 @@ from __future__ import annotations
 import threading
 import time
 
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.node import Node
 
 from csr_ros import ros_params
 from csr_ros.chunklog import ChunkLog, last_stream, rebuild_state
@@ -34,26 +32,46 @@ from csr_ros.msg import StateChunk, SwapEvent
 from csr_ros.node_logic.stream import (ChunkEvent, Lost, SeqOrderer, Step, StreamTracker, lost_text,
                                        make_chunk, refused_text)
 from csr_ros.node_logic.swaps import TimedResource, swap_report
-from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, ChunkFetcher, chunk_event,
-                                  declare, load_tokenizer, node_python_logger,
-                                  route_library_logging, run, status_name, unroute_library_logging,
-                                  with_undeclared)
+from csr_ros.node_logic.health import OK, WARN
+from csr_ros.nodes.common import (CHUNKS_QOS, SWAPS_QOS, ChunkFetcher, chunk_event,
+                                  load_tokenizer, node_python_logger, route_library_logging, run,
+                                  unroute_library_logging)
+from csr_ros.nodes.managed import ManagedNode
 from csr_ros.reconcile.driver import Reconciler
 from csr_ros.reconcile.machine import ReconcileConfig
 from csr_ros.ros_params import state_from_params
 
 
-class ReconcilerNode(Node):
+class ReconcilerNode(ManagedNode):
     def __init__(self, **kwargs):
         super().__init__("reconciler", **kwargs)
         route_library_logging(self)
-        self.params = ros_params.validate("reconciler", with_undeclared(
-            self, declare(self, ros_params.RECONCILER), ros_params.RECONCILER))
-        p = self.params
-        self.robot_id = ros_params.robot_id_for(p["robot_id"], self.get_namespace())
         self.lock = threading.RLock()          # orderer, state before the driver, publishing
+        self.epoch = 0                         # +1 at each deactivation and cleanup
+        self.chunk_log: ChunkLog | None = None
+        self.resources: list | None = None
+        self.driver: Reconciler | None = None
+        self.order: SeqOrderer | None = None
+        self.start_timer = None
+        self.building = False                  # the start timer is building the resources
+        self.chunks_sub = None
+        self.timers_made: list = []
+        self.events_group = MutuallyExclusiveCallbackGroup()
+        self.client_group = ReentrantCallbackGroup()
+        self.declare_schema("reconciler", list(ros_params.RECONCILER))
+        self.bring_up()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def configure(self) -> None:
+        """Parameters checked, the tokenizer loaded, the chunk log opened and the state rebuilt
+        from it (a restart continues where it stopped); the resources come up once active."""
+        p = self.params = self.checked_params()
+        self.robot_id = ros_params.robot_id_for(p["robot_id"], self.get_namespace())
         self.tokenizer, self.model_dir = load_tokenizer(p)
-        self.chunk_log = ChunkLog(p["chunk_log"]) if p["chunk_log"] else None
+        if p["chunk_log"]:
+            self.chunk_log = ChunkLog(p["chunk_log"],
+                                      **ros_params.chunk_log_options(p, keep_state=True))
         state = state_from_params(p, self.tokenizer)
         if self.chunk_log is not None and self.chunk_log.records:
             state = rebuild_state(self.chunk_log.records, state)
@@ -65,56 +83,139 @@ class ReconcilerNode(Node):
         self.capacity_said = None              # the last capacity verdict logged
         self.capacity_said_s = 0.0
         self.ops: list = []                    # load/extend timings of the resources
-        self.resources: list | None = None
-        self.driver: Reconciler | None = None
         self.urls: dict[str, str] = {}
         self.published_version: int | None = None
         self.catching_up = True                # until the aggregator's history is folded
         self.started_s = time.monotonic()
         self.lost_while_running = 0
         self.unlogged: list[ChunkEvent] = []   # before the start, while the chunk log is full
-
-        self.events_group = MutuallyExclusiveCallbackGroup()
-        self.client_group = ReentrantCallbackGroup()
-        self.chunks_sub = self.create_subscription(StateChunk, p["topics.chunks"],
-                                                   self.chunk_callback, CHUNKS_QOS,
-                                                   callback_group=self.events_group)
-        self.swaps_pub = self.create_publisher(SwapEvent, p["topics.swaps"], SWAPS_QOS)
-        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics",
-                                                     DIAGNOSTICS_QOS)
+        # a lifecycle publisher: an inactive reconciler announces no version (the latched
+        # last one stays with its subscribers)
+        self.swaps_pub = self.create_lifecycle_publisher(SwapEvent, p["topics.swaps"],
+                                                         SWAPS_QOS)
         self.fetcher = ChunkFetcher(self, p["services.get_chunks"], lock=self.lock,
                                     callback_group=self.client_group,
                                     on_fetched=self._fetched, on_failed=self._fetch_failed)
-        # building resources blocks on the network: its own group, so chunks keep flowing
-        self.start_timer = self.create_timer(1.0, self.start_callback,
-                                             callback_group=MutuallyExclusiveCallbackGroup())
-        self.poll_timer = self.create_timer(1.0 / p["poll_hz"], self.poll_callback,
-                                            callback_group=self.events_group)
-        self.fetch_timer = self.create_timer(0.5, self.fetch_watchdog_callback,
-                                             callback_group=self.events_group)
-        self.diagnostics_timer = self.create_timer(1.0, self.diagnostics_callback,
+
+    def activate(self) -> None:
+        p = self.params
+        with self.lock:
+            self.started_s = time.monotonic()      # startup_timeout_s counts from here
+        self.chunks_sub = self.create_subscription(StateChunk, p["topics.chunks"],
+                                                   self.chunk_callback, CHUNKS_QOS,
                                                    callback_group=self.events_group)
+        if self.driver is None:
+            # building resources blocks on the network or a model load: its own group, so
+            # chunks keep flowing
+            self.start_timer = self.create_timer(
+                1.0, self.start_callback, callback_group=MutuallyExclusiveCallbackGroup())
+        self.timers_made = [
+            self.create_timer(1.0 / p["poll_hz"], self.poll_callback,
+                              callback_group=self.events_group),
+            self.create_timer(0.5, self.fetch_watchdog_callback,
+                              callback_group=self.events_group)]
+        version = self.state.version if self.driver is None else self.driver.snapshot()["version"]
+        seq = self.order.next_seq
         self.get_logger().info(f"reconciling over {p['resource.kind']} resources from v"
-                               f"{state.version}, seq {state.next_seq}")
+                               f"{version}, seq {seq}")
+
+    def deactivate(self) -> None:
+        """Stop taking chunks (those that come meanwhile are fetched when it is active again).
+        A reconciliation in progress finishes in the background; its version is announced
+        once the node is active again."""
+        with self.lock:
+            self.epoch += 1
+        for timer in self.timers_made + [self.start_timer]:
+            if timer is not None:
+                self.destroy_timer(timer)
+        self.timers_made, self.start_timer = [], None
+        if self.chunks_sub is not None:
+            self.destroy_subscription(self.chunks_sub)
+            self.chunks_sub = None
+        if self.driver is not None:
+            phase = self.driver.snapshot()["phase"]
+            if phase != "idle":
+                self.get_logger().info(f"a reconciliation is in progress ({phase}): it "
+                                       "finishes in the background; its version is "
+                                       "announced when the node is active again")
+
+    def release(self) -> None:
+        """Stop within a few seconds: a model computation that is still running is abandoned
+        (the resource workers are daemon threads), not awaited."""
+        with self.lock:
+            self.epoch += 1
+            driver, resources = self.driver, self.resources
+            self.driver, self.resources = None, None
+        if driver is not None:
+            driver.close(timeout_s=1.0)
+        if resources:
+            closer = threading.Thread(target=_close_all, args=(resources,), name="csr-close",
+                                      daemon=True)
+            closer.start()
+            closer.join(2.0)
+            if closer.is_alive() and self.context.ok():
+                self.get_logger().info("a model computation is still running; not waiting "
+                                       "for it")
+        if self.chunk_log is not None:
+            self.chunk_log.close()
+            self.chunk_log = None
+        if getattr(self, "swaps_pub", None) is not None:
+            self.destroy_lifecycle_publisher(self.swaps_pub)
+            self.swaps_pub = None
+        if getattr(self, "fetcher", None) is not None:
+            self.destroy_client(self.fetcher.client)
+            self.fetcher = None
+        self.order = None
+        self.state = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            unroute_library_logging(self)
 
     # -- start ---------------------------------------------------------------------------------
 
     def start_callback(self) -> None:
-        """Retried every second: build the resources, fetch the history, start the driver."""
+        """Retried every second: build the resources, fetch the history, start the driver. A
+        resource that stays unreachable past startup_timeout_s, or a context the resources
+        cannot hold, ends the bring-up (`give_up`: back to unconfigured, with the reason)."""
         p = self.params
-        if self.resources is None:
+        with self.lock:
+            epoch = self.epoch
+            if self.building:                  # a build from before a reactivation goes on
+                return
+            build = self.resources is None
+            self.building = build
+        if build:
+            built = None
             try:
-                self.resources = self._build_resources()
+                built = self._build_resources()
+            except ConfigError as exc:
+                self._stop_starting(epoch)
+                self.give_up(exc)
+                return
             except ResourceError as exc:
                 waited_s = time.monotonic() - self.started_s
                 if waited_s > p["startup_timeout_s"]:
-                    self.get_logger().fatal(f"resources unreachable for {waited_s:.0f} s: {exc}")
-                    self.start_timer.cancel()
-                    raise
+                    self._stop_starting(epoch)
+                    self.give_up(ResourceError(
+                        f"reconciler: the resources were unreachable for {waited_s:.0f} s "
+                        f"(startup_timeout_s {p['startup_timeout_s']:g}): {exc}"))
+                    return
                 self.get_logger().warning(f"waiting for the resources: {exc}",
                                           throttle_duration_sec=15.0)
                 return
+            finally:
+                with self.lock:
+                    self.building = False
+                    if built is not None and self.order is not None:
+                        self.resources, built = built, None
+                if built is not None:          # cleaned up while they were built
+                    _close_all(built)
         with self.lock:
+            if epoch != self.epoch or self.resources is None:
+                return                         # deactivated meanwhile: the next activation
             if self.catching_up:
                 if self.order.fetching is None and self.fetcher.client.service_is_ready():
                     self.fetcher.fetch(self.order.probe())
@@ -124,8 +225,13 @@ class ReconcilerNode(Node):
                     self.catching_up = False
                 if self.catching_up:
                     return
-            self.start_timer.cancel()
+            self._stop_starting(epoch)
             self._start_driver()
+
+    def _stop_starting(self, epoch: int) -> None:
+        with self.lock:
+            if epoch == self.epoch and self.start_timer is not None:
+                self.start_timer.cancel()
 
     def _build_resources(self) -> list:
         from csr_ros.resources.factory import make_resource
@@ -199,6 +305,8 @@ class ReconcilerNode(Node):
 
     def chunk_callback(self, msg: StateChunk) -> None:
         with self.lock:
+            if self.order is None:             # taken just before the node was cleaned up
+                return
             event = chunk_event(msg)
             if self._follow_stream(event.stream):
                 self._apply(self.order.offer(event))
@@ -284,6 +392,8 @@ class ReconcilerNode(Node):
 
     def _fetched(self, events: list[ChunkEvent], response, probe: bool) -> None:
         """Under the lock: order a GetChunks answer."""
+        if self.order is None:                 # answered after the node was cleaned up
+            return
         for stream in {response.stream} | {e.stream for e in events}:
             if not self._follow_stream(stream):       # an answer about a retired stream
                 self._fetch_failed()
@@ -296,7 +406,8 @@ class ReconcilerNode(Node):
             self.catching_up = False       # the history is in; start_callback starts
 
     def _fetch_failed(self) -> None:
-        self._apply(self.order.fetch_failed())
+        if self.order is not None:
+            self._apply(self.order.fetch_failed())
 
     def fetch_watchdog_callback(self) -> None:
         with self.lock:
@@ -312,6 +423,8 @@ class ReconcilerNode(Node):
         if self.driver is None:
             return
         with self.lock:
+            if self.driver is None:
+                return
             version = self.driver.snapshot()["version"]
             if version != self.published_version:
                 reason = next((e.kind for e in reversed(self.driver.timeline)
@@ -345,11 +458,15 @@ class ReconcilerNode(Node):
 
     def query(self, task: str, *, suffix: str = "", max_new_tokens: int = 8, constraint=None,
               on_token=None):
-        """For a policy node in the same process: build and route against the active version."""
-        if self.driver is None:
+        """For a policy node in the same process: build and route against the active version
+        (an inactive reconciler takes no chunks: its state would be stale)."""
+        driver = self.driver
+        if driver is None:
             raise ResourceError("the reconciler has not started its resources yet")
-        return self.driver.query(task, suffix=suffix, max_new_tokens=max_new_tokens,
-                                 constraint=constraint, on_token=on_token)
+        if not self.active:
+            raise ResourceError(f"the reconciler is {self.lifecycle_state}")
+        return driver.query(task, suffix=suffix, max_new_tokens=max_new_tokens,
+                            constraint=constraint, on_token=on_token)
 
     def routing_key(self, name: str) -> str | None:
         """The routing key resource `name` sends now (None: no robot_id, or a local one)."""
@@ -360,31 +477,41 @@ class ReconcilerNode(Node):
 
     def active_chunks(self) -> list:
         """The chunks of the active version (for a policy node in the same process)."""
-        return [] if self.driver is None else list(self.driver.machine.active.chunks)
+        driver = self.driver
+        return [] if driver is None else list(driver.machine.active.chunks)
 
     def capacity(self):
         """Eq. 54 from the measurements so far; None before the driver runs."""
-        return None if self.driver is None else self.driver.capacity()
+        driver = self.driver
+        return None if driver is None else driver.capacity()
 
     def snapshot(self) -> dict:
-        if self.driver is None:
-            return {"version": -1, "primary": "-", "n_chunks": 0, "next_seq": self.order.next_seq,
+        """The driver's snapshot; its phase is 'starting' until the resources are up and
+        'inactive' while the node is not active (a policy in the same process waits then)."""
+        driver, order = self.driver, self.order
+        if driver is None:
+            snap = {"version": -1, "primary": "-", "n_chunks": 0,
+                    "next_seq": order.next_seq if order is not None else 0,
                     "n_static_tokens": 0, "phase": "starting"}
-        return self.driver.snapshot()
+        else:
+            snap = driver.snapshot()
+        if not self.active:
+            snap["phase"] = "inactive"
+        return snap
 
-    def diagnostics_callback(self) -> None:
+    def work_status(self, now_s: float) -> tuple[int, str, list[tuple[str, str]]]:
         snap = self.snapshot()
-        level = DiagnosticStatus.OK
+        level = OK
         message = snap["phase"]
         if self.driver is None:
-            level, message = DiagnosticStatus.WARN, "waiting for the resources"
+            level, message = WARN, "waiting for the resources"
         elif snap.get("fallbacks") or self.lost_while_running:
-            level = DiagnosticStatus.WARN
+            level = WARN
             message = (f"{snap.get('fallbacks', 0)} synchronous fallbacks, "
                        f"{self.lost_while_running} chunks lost")
         capacity = self.capacity()
         if capacity is not None and capacity.viable is False:
-            level, message = DiagnosticStatus.WARN, capacity.message
+            level, message = WARN, capacity.message
             now_s = time.monotonic()
             if self.capacity_said is not False or now_s - self.capacity_said_s > 60.0:
                 self.get_logger().warning(capacity.message)
@@ -394,46 +521,26 @@ class ReconcilerNode(Node):
         if capacity is not None:
             self.capacity_said = capacity.viable
         if self.stream_restarts:
-            level = DiagnosticStatus.WARN
+            level = WARN
             message = (f"the aggregator restarted without its chunk log "
                        f"{self.stream_restarts} time(s); the state restarted with its new "
                        f"stream ({message})")
-        values = [KeyValue(key=k, value=str(v)) for k, v in snap.items()]
-        values += [KeyValue(key="stream", value=self.streams.current or "-"),
-                   KeyValue(key="stream_restarts", value=str(self.stream_restarts))]
-        if self.robot_id:
-            values.append(KeyValue(key="robot_id", value=self.robot_id))
+        values = [(k, str(v)) for k, v in snap.items()]
+        values += [("stream", self.streams.current or "-"),
+                   ("stream_restarts", str(self.stream_restarts))]
         for name in sorted(r.name for r in self.resources or []):
             key = self.routing_key(name)
             if key is not None:
-                values.append(KeyValue(key=f"routing_key.{name}", value=key))
+                values.append((f"routing_key.{name}", key))
         if capacity is not None:
-            values += [KeyValue(key=f"capacity.{k}", value=str(v))
+            values += [(f"capacity.{k}", str(v))
                        for k, v in capacity.as_dict().items() if k != "message"]
-        status = DiagnosticStatus(level=level, name=status_name(self),
-                                  message=message, hardware_id=self.get_fully_qualified_name(),
-                                  values=values)
-        array = DiagnosticArray(status=[status])
-        array.header.stamp = self.get_clock().now().to_msg()
-        self.diagnostics_pub.publish(array)
+        return level, message, values
 
-    def close(self) -> None:
-        """Stop within a few seconds: a model computation that is still running is abandoned
-        (the resource workers are daemon threads), not awaited."""
-        if self.driver is not None:
-            self.driver.close(timeout_s=1.0)
-        closer = threading.Thread(target=self._close_resources, name="csr-close", daemon=True)
-        closer.start()
-        closer.join(2.0)
-        if closer.is_alive() and self.context.ok():
-            self.get_logger().info("a model computation is still running; not waiting for it")
-        if self.chunk_log is not None:
-            self.chunk_log.close()
-        unroute_library_logging(self)
 
-    def _close_resources(self) -> None:
-        for resource in self.resources or []:
-            resource.close()
+def _close_all(resources) -> None:
+    for resource in resources:
+        resource.close()
 
 
 def main(args=None) -> int:
