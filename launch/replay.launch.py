@@ -12,12 +12,16 @@ mode:=robot (default) runs robot.launch.py (servers elsewhere), mode:=all runs a
 player:=rosbag2 plays with `ros2 bag play`, player:=csr with `csr-ros replay BAG --play`
 (rclpy, for machines without rosbag2 such as the PyPI wheels); player:=auto (default) takes
 rosbag2 where `ros2 bag` exists. Sim time follows the bag's clock (--clock), so stamps and rate
-limits match the recording. `delay` waits before playing so the nodes are up (a local model
-takes a while to load).
+limits match the recording. `delay:=SECONDS` waits that long before playing; without it the
+bag plays at once, so with mode:=all (local models that take a while to load) give a delay
+that covers the load, or the first part of the bag reaches only the aggregator.
+autostart:= goes to the nodes (false: they wait, unconfigured, for a lifecycle manager), and
+a node process that exits ends the launch as in the included launch file.
 
 Every bag argument is checked before any node starts: a bad one stops the launch and leaves no
-node behind. A player that exits with an error stops the whole launch, and its last lines are
-the reason; a player that finishes leaves the nodes running.
+node behind. A player that exits with an error stops the whole launch, with the error it
+reported as the reason (not rcl's warnings around it); a player that finishes leaves the nodes
+running.
 """
 
 from collections import deque
@@ -31,8 +35,9 @@ from launch.substitutions import PathJoinSubstitution
 from launch_ros.substitutions import FindPackageShare
 
 from csr_ros.errors import CsrError
-from csr_ros.launch_args import ROBOT_ARGUMENTS, check_bag, check_params_file, \
-    node_namespace, player_exit_reason, robot_parameters, rosbag2_available
+from csr_ros.launch_args import LIFECYCLE_ARGUMENTS, ROBOT_ARGUMENTS, check_bag, \
+    check_params_file, lifecycle_parameters, node_namespace, player_exit_reason, \
+    robot_parameters, rosbag2_available
 
 
 class PlayerError(CsrError):
@@ -46,17 +51,18 @@ def replay(context):
     play_cmd = check_bag(args, rosbag2=rosbag2_available())
     node_namespace(args["namespace"])          # checked here too: before the player starts
     robot_parameters(args)
+    lifecycle_parameters(args)
     share = FindPackageShare("csr_ros").perform(context)
     forwarded = {"params_file": args["params_file"], "model": args["model"],
                  "use_sim_time": "true", "namespace": args["namespace"],
-                 "robot_id": args["robot_id"]}
+                 "robot_id": args["robot_id"], "autostart": args["autostart"]}
     if args["mode"] == "all":
         forwarded["threads"] = args["threads"]
     nodes = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(f"{share}/launch/{args['mode']}.launch.py"),
         launch_arguments=forwarded.items())
     player = ExecuteProcess(cmd=play_cmd, name="bag_player", output="screen")
-    last_lines: deque[str] = deque(maxlen=3)
+    last_lines: deque[str] = deque(maxlen=200)     # player_exit_reason finds its error in them
 
     def heard(event):
         last_lines.extend(event.text.decode(errors="replace").splitlines())
@@ -107,5 +113,7 @@ def generate_launch_description():
                               description=ROBOT_ARGUMENTS["namespace"]),
         DeclareLaunchArgument("robot_id", default_value="",
                               description=ROBOT_ARGUMENTS["robot_id"]),
+        DeclareLaunchArgument("autostart", default_value="true",
+                              description=LIFECYCLE_ARGUMENTS["autostart"]),
         OpaqueFunction(function=replay),
     ])

@@ -4,6 +4,7 @@
     ros2 launch csr_ros robot.launch.py params_file:=/robot/csr_ros.yaml
     ros2 launch csr_ros robot.launch.py namespace:=robot_a r1_url:=http://router:8000 \
         r2_url:=http://router:8000     # /robot_a/csr/..., routing key robot_a
+    ros2 launch csr_ros robot.launch.py autostart:=false    # unconfigured, for a manager
 
 The policy asks the primary server named by the reconciler's latest SwapEvent (csr/swaps);
 r1_url/r2_url are what it uses before the first one arrives. A launch argument sets its
@@ -15,6 +16,10 @@ namespace. Its nodes' topics and services (csr/chunks, csr/decisions, csr/get_ch
 then live under it; absolute source topics in the params file (/odom) stay absolute, so give
 per-robot sources relative names (odom → /robot_a/odom). robot_id ('' = the namespace without
 its slash) is the routing key of the robot's requests to a pool of servers behind a router.
+
+The nodes are managed (lifecycle) nodes: autostart:=true (default) brings them to active,
+autostart:=false leaves them unconfigured for the robot's lifecycle manager. A node process
+that exits while the launch runs ends the launch (exit 1), naming it and its error.
 """
 
 from launch import LaunchDescription
@@ -23,8 +28,9 @@ from launch.substitutions import PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
-from csr_ros.launch_args import ROBOT_ARGUMENTS, check_params_file, given_overrides, \
-    node_namespace, robot_parameters
+from csr_ros.launch_actions import watched
+from csr_ros.launch_args import LIFECYCLE_ARGUMENTS, ROBOT_ARGUMENTS, check_params_file, \
+    given_overrides, lifecycle_parameters, node_namespace, robot_parameters
 
 OVERRIDES = {"r1_url": ("resource.r1_url", str), "r2_url": ("resource.r2_url", str),
              "model": ("model", str), "use_sim_time": ("use_sim_time", bool)}
@@ -35,12 +41,14 @@ def nodes(context):
     params_file = check_params_file(args["params_file"])
     sim_time = given_overrides(args, {"use_sim_time": OVERRIDES["use_sim_time"]})
     namespace, robot = node_namespace(args["namespace"]), robot_parameters(args)
-    policy = given_overrides(args, OVERRIDES) | robot
+    lifecycle = lifecycle_parameters(args)
+    policy = given_overrides(args, OVERRIDES) | robot | lifecycle
     return [
-        Node(package="csr_ros", executable="aggregator", name="aggregator", output="screen",
-             namespace=namespace, parameters=[params_file, sim_time | robot]),
-        Node(package="csr_ros", executable="policy", name="policy", output="screen",
-             namespace=namespace, parameters=[params_file, policy]),
+        *watched(Node(package="csr_ros", executable="aggregator", name="aggregator",
+                      output="screen", namespace=namespace,
+                      parameters=[params_file, sim_time | robot | lifecycle]), "aggregator"),
+        *watched(Node(package="csr_ros", executable="policy", name="policy", output="screen",
+                      namespace=namespace, parameters=[params_file, policy]), "policy"),
     ]
 
 
@@ -64,5 +72,7 @@ def generate_launch_description():
                               description=ROBOT_ARGUMENTS["namespace"]),
         DeclareLaunchArgument("robot_id", default_value="",
                               description=ROBOT_ARGUMENTS["robot_id"]),
+        DeclareLaunchArgument("autostart", default_value="true",
+                              description=LIFECYCLE_ARGUMENTS["autostart"]),
         OpaqueFunction(function=nodes),
     ])
