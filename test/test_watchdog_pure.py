@@ -29,9 +29,11 @@ def test_valid_decisions_keep_the_watchdog_quiet():
 def test_no_valid_decision_for_stale_after_s_calls_for_the_safe_action_once():
     machine = watching()
     machine.handle(Decided(now_s=1.0, valid=True))
-    assert machine.handle(Tick(now_s=3.9)) == []              # 2.9 s since the last one
+    assert machine.handle(Tick(now_s=3.5)) == []              # 2.5 s since the last one
     (go,) = machine.handle(Tick(now_s=4.0))
-    assert isinstance(go, GoSafe) and "no valid decision for 3.0 s" in go.cause
+    assert isinstance(go, GoSafe)
+    assert "no valid decision for 3.00 s (stale_after_s 3; 2.50 s at the check before)" in \
+        go.cause                      # the first tick past stale_after_s
     assert "no decision finished" in go.cause
     for t in (4.5, 10.0, 60.0):                                # once per episode
         assert machine.handle(Tick(now_s=t)) == []
@@ -128,7 +130,8 @@ def test_a_new_stale_after_s_applies_from_the_next_tick():
     assert machine.handle(Tick(now_s=4.0)) == []
     machine.reconfigure(WatchdogConfig(stale_after_s=2.0, safe_action="wait()"))
     (go,) = machine.handle(Tick(now_s=4.1))
-    assert "stale_after_s 2" in go.cause
+    assert "no valid decision for 4.10 s (stale_after_s 2; 4.00 s at the check before)" in \
+        go.cause
 
 
 def test_stale_after_s_must_be_positive():

@@ -12,7 +12,9 @@ says when to publish the configured safe action (e.g. `wait()`), once, with the 
         └──Deactivated (from WATCHING or SAFE): the safe action at once, unless it holds already
 
 - The stale clock runs from the latest valid decision, or from the activation if none came
-  since. A decision that is not a valid action (unparsable, incomplete within the budget,
+  since. It is checked at every tick (the node ticks at rate_hz), so the safe action comes at
+  the first tick past stale_after_s: its cause says the age at that tick and at the one
+  before, which was still under stale_after_s. A decision that is not a valid action (unparsable, incomplete within the budget,
   expired before it was made) and a failed query do not reset it; they are counted and the
   latest is named as the cause.
 - The safe action is published once per episode: while it holds (nothing valid was published
@@ -129,6 +131,7 @@ class DecisionWatchdog:
         self.mode = Mode.INACTIVE
         self.holding = False            # the safe action is the last thing on csr/actions
         self.since_s = 0.0              # start of the stale clock
+        self.checked_s: float | None = None   # the latest tick while watching
         self.safe_since_s: float | None = None
         self.cause = ""
         self.failed = 0                 # since the latest valid decision
@@ -172,10 +175,14 @@ class DecisionWatchdog:
         if isinstance(event, Tick):
             if self.mode is not Mode.WATCHING:
                 return []
+            before_s = None if self.checked_s is None or self.checked_s < self.since_s else \
+                self.checked_s - self.since_s
+            self.checked_s = event.now_s
             stale_s = event.now_s - self.since_s
             if stale_s < self.config.stale_after_s:
                 return []
-            return self._go_safe(event.now_s, self._stale_cause(stale_s, event.waiting))
+            return self._go_safe(event.now_s, self._stale_cause(stale_s, before_s,
+                                                                event.waiting))
         raise AssertionError(f"unknown watchdog event {event!r}")
 
     def status(self, now_s: float) -> WatchdogStatus:
@@ -216,13 +223,17 @@ class DecisionWatchdog:
         self.published += self.holding
         return [GoSafe(cause=cause)]
 
-    def _stale_cause(self, stale_s: float, waiting: str) -> str:
-        msg = f"no valid decision for {stale_s:.1f} s (stale_after_s {self.config.stale_after_s:g})"
+    def _stale_cause(self, stale_s: float, before_s: float | None, waiting: str) -> str:
+        checked = "" if before_s is None else f"; {before_s:.2f} s at the check before"
+        msg = (f"no valid decision for {stale_s:.2f} s (stale_after_s "
+               f"{self.config.stale_after_s:g}{checked})")
         counts = []
         if self.failed:
-            counts.append(f"{self.failed} failed queries")
+            counts.append(f"{self.failed} failed " + ("query" if self.failed == 1 else "queries"))
         if self.invalid:
-            counts.append(f"{self.invalid} answers that were not valid actions")
+            counts.append(f"{self.invalid} " + ("answer that was not a valid action"
+                                                if self.invalid == 1 else
+                                                "answers that were not valid actions"))
         if counts:
             return f"{msg}: {' and '.join(counts)}, the latest {self.last_problem}"
         return f"{msg}: no decision finished" + (f" ({waiting})" if waiting else "")
