@@ -169,3 +169,58 @@ class NodeProcess:
             self.proc.kill()
             self.proc.wait()
         self._log.close()
+
+
+class Lifecycle:
+    """A managed node's lifecycle_msgs services, as a lifecycle manager (or `ros2 lifecycle`)
+    calls them: /<node>/get_state and /<node>/change_state."""
+
+    def __init__(self, probe: Node, node: str):
+        from lifecycle_msgs.srv import ChangeState, GetState
+
+        self.node = node.rstrip("/")
+        self.get_client = probe.create_client(GetState, f"{self.node}/get_state")
+        self.change_client = probe.create_client(ChangeState, f"{self.node}/change_state")
+        wait_for(lambda: self.get_client.service_is_ready() and
+                 self.change_client.service_is_ready(), 30.0, f"{self.node}'s lifecycle services")
+        self.state()            # answered: the node is reachable before any transition is sent
+
+    def state(self, timeout_s: float = 60.0) -> str:
+        """Asked again until it answers: a request sent while discovery still matches only a
+        node of the same name that has gone (an earlier test's) is never answered."""
+        from lifecycle_msgs.srv import GetState
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            answer = call(self.get_client, GetState.Request(), timeout_s=5.0)
+            if answer is not None:
+                return answer.current_state.label
+        raise AssertionError(f"{self.node}/get_state did not answer in {timeout_s} s")
+
+    def change(self, transition: str, timeout_s: float = 120.0) -> bool:
+        """'configure', 'activate', 'deactivate', 'cleanup', 'shutdown': True if it succeeded."""
+        from lifecycle_msgs.msg import Transition
+        from lifecycle_msgs.srv import ChangeState
+
+        answer = call(self.change_client,
+                      ChangeState.Request(transition=Transition(label=transition)),
+                      timeout_s=timeout_s)
+        assert answer is not None, f"{self.node}/change_state {transition} did not answer"
+        return bool(answer.success)
+
+
+def set_parameters(probe: Node, node: str, **values) -> list:
+    """The node's rcl_interfaces/SetParameters service, as `ros2 param set` calls it: one
+    result (successful, reason) per parameter, in order."""
+    from rcl_interfaces.srv import SetParameters
+    from rclpy.parameter import Parameter
+
+    client = probe.create_client(SetParameters, f"{node.rstrip('/')}/set_parameters")
+    wait_for(client.service_is_ready, 30.0, f"{node}/set_parameters")
+    request = SetParameters.Request(parameters=[
+        Parameter(name, value=value).to_parameter_msg()
+        for name, value in values.items()])
+    answer = call(client, request, timeout_s=30.0)
+    assert answer is not None, f"{node}/set_parameters did not answer"
+    probe.destroy_client(client)
+    return list(answer.results)

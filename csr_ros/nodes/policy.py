@@ -351,6 +351,9 @@ class PolicyNode(ManagedNode):
                                 "the in-process reconciler is not active")
         with self.lock:
             waiting = driver_waits
+            if driver_waits:             # not this policy's shortfall: the rate window waits
+                self.stats.started_s = None
+                self.stats.decided_s.clear()
             if not waiting and self.running_since_s is not None:
                 waiting = (f"the running query started "
                            f"{time.monotonic() - self.running_since_s:.1f} s ago")

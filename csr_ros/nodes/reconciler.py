@@ -114,6 +114,10 @@ class ReconcilerNode(ManagedNode):
                               callback_group=self.events_group),
             self.create_timer(0.5, self.fetch_watchdog_callback,
                               callback_group=self.events_group)]
+        with self.lock:
+            if self.driver is not None and self.fetcher.client.service_is_ready():
+                # active again: what the aggregator published meanwhile, before the next chunk
+                self.fetcher.fetch(self.order.probe())
         version = self.state.version if self.driver is None else self.driver.snapshot()["version"]
         seq = self.order.next_seq
         self.get_logger().info(f"reconciling over {p['resource.kind']} resources from v"
