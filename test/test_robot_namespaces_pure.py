@@ -110,7 +110,7 @@ def test_the_nodes_topics_and_services_are_relative_so_a_namespace_moves_them():
             if spec.name.startswith(("topics.", "services.")):
                 assert not spec.default.startswith("/"), (node, spec.name, spec.default)
     absolute = set()
-    for module in ("aggregator", "policy", "reconciler"):
+    for module in ("aggregator", "policy", "reconciler", "managed"):   # managed: their base
         source = (ROOT / "csr_ros" / "nodes" / f"{module}.py").read_text()
         absolute |= set(re.findall(r'create_(?:publisher|subscription|service|client)\(\s*'
                                    r'\w+,\s*"(/[^"]*)"', source))
