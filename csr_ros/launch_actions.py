@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections import deque
 
-from launch.actions import RegisterEventHandler
+from launch.actions import OpaqueFunction, RegisterEventHandler, TimerAction
 from launch.event_handlers import OnProcessExit, OnProcessIO
 
 from csr_ros.errors import CsrError
 from csr_ros.launch_args import node_exit_reason
 
 OUTPUT_LINES = 200         # a process's latest lines kept to find its error in
+SHUTDOWN_GRACE_S = 2.0     # a node gone while launch was not shutting down, checked after this
 
 
 class NodeExited(CsrError):
@@ -37,7 +38,15 @@ def watched(node_action, name: str) -> list:
     def exited(event, launch_context):
         if launch_context.is_shutdown:     # stopped with the rest (Ctrl-C, another's exit)
             return None
-        raise NodeExited(node_exit_reason(name, event.returncode, list(lines)))
+        reason = node_exit_reason(name, event.returncode, list(lines))
+
+        def decide(context):
+            if context.is_shutdown:
+                return None
+            raise NodeExited(reason)       # launch logs it, stops the others, exits 1
+        # A terminal's Ctrl-C signals the whole process group: a node may be gone before
+        # launch has begun its own shutdown. Decide once launch has had the time to.
+        return [TimerAction(period=SHUTDOWN_GRACE_S, actions=[OpaqueFunction(function=decide)])]
 
     return [node_action,
             RegisterEventHandler(OnProcessIO(target_action=node_action, on_stdout=heard,
