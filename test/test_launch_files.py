@@ -61,13 +61,14 @@ def installed_launch_files_are_this_checkouts():
 class Launch:
     """`ros2 launch csr_ros FILE ARGS...` in its own session, output in a log file."""
 
-    def __init__(self, launch_file: str, *arguments: str, log: Path):
+    def __init__(self, launch_file: str, *arguments: str, log: Path,
+                 env: dict[str, str] | None = None):
         self.log_path = log
         self._log = open(log, "w", encoding="utf-8")
         self.proc = subprocess.Popen(["ros2", "launch", "csr_ros", launch_file, *arguments],
                                      stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         self.group = self.proc.pid
 
     @property
@@ -121,9 +122,9 @@ class Launch:
 def launched(tmp_path):
     runs: list[Launch] = []
 
-    def start(launch_file: str, *arguments: str) -> Launch:
+    def start(launch_file: str, *arguments: str, env: dict[str, str] | None = None) -> Launch:
         run = Launch(launch_file, *arguments,
-                     log=tmp_path / f"{launch_file}.{len(runs)}.log")
+                     log=tmp_path / f"{launch_file}.{len(runs)}.log", env=env)
         runs.append(run)
         return run
 
@@ -211,11 +212,15 @@ def test_ctrl_c_while_the_player_plays_is_a_clean_stop_not_the_players_error(lau
     assert not run.left_running(), run.output
 
 
-def test_a_player_that_dies_stops_the_launch_with_its_error(launched, tmp_path):
+@pytest.mark.parametrize("localhost_only", ["", "1"])
+def test_a_player_that_dies_stops_the_launch_with_its_error(launched, tmp_path, localhost_only):
+    """With ROS_LOCALHOST_ONLY=1 rcl prints two deprecation warnings as each process starts;
+    they were among the player's last lines, which the launch said instead of its error."""
     not_a_bag = tmp_path / "empty"
     not_a_bag.mkdir()
     run = launched("replay.launch.py", f"bag:={not_a_bag}", "player:=csr",
-                   f"params_file:={local_params(tmp_path)}")
+                   f"params_file:={local_params(tmp_path)}",
+                   env={"ROS_LOCALHOST_ONLY": localhost_only} if localhost_only else None)
     assert run.wait_exit(timeout_s=120.0) == 1, run.output
     assert "the bag player exited with code 2: csr-ros replay: error: cannot read the bag" in \
         run.output, run.output
@@ -457,3 +462,95 @@ def test_all_launch_with_a_namespace_puts_both_processes_nodes_under_it(launched
     finally:
         probe.destroy_node()
         rclpy.try_shutdown()
+
+
+# -- managed nodes: autostart, and a node that dies ------------------------------------------
+
+def _pid_of(run: Launch, process: str) -> int:
+    """The pid launch printed for `process` (e.g. 'policy-2')."""
+    import re
+
+    match = re.search(rf"\[{re.escape(process)}\]: process started with pid \[(\d+)\]",
+                      run.output)
+    assert match, run.output
+    return int(match.group(1))
+
+
+@pytest.mark.server
+def test_autostart_false_leaves_every_node_unconfigured_for_a_lifecycle_manager(
+        launched, llama_server_pair, tmp_path):
+    """server.launch.py and robot.launch.py with autostart:=false: the three nodes wait,
+    unconfigured, deciding nothing; a lifecycle manager's transitions (the lifecycle_msgs
+    services) bring them up, and decisions come."""
+    from ros_graph import Graph, Lifecycle, wait_for
+
+    from csr_ros.msg import PolicyDecision
+    from csr_ros.nodes.common import DECISIONS_QOS
+
+    r1, r2 = llama_server_pair
+    urls = [f"r1_url:={r1.url}", f"r2_url:={r2.url}", "autostart:=false"]
+    graph = Graph()
+    try:
+        probe = graph.node("launch_probe")
+        decisions = []
+        probe.create_subscription(PolicyDecision, "csr/decisions", decisions.append,
+                                  DECISIONS_QOS)
+        server = launched("server.launch.py", *urls)
+        robot = launched("robot.launch.py", *urls)
+        managers = {name: Lifecycle(probe, f"/{name}")
+                    for name in ("reconciler", "aggregator", "policy")}
+        assert {name: m.state() for name, m in managers.items()} == dict.fromkeys(
+            managers, "unconfigured")
+        time.sleep(3.0)
+        assert not decisions
+        assert "waiting for a lifecycle manager (autostart is false)" in robot.output
+        for name in ("reconciler", "aggregator", "policy"):       # as a manager brings a stack up
+            assert managers[name].change("configure"), name
+            assert managers[name].change("activate"), name
+            assert managers[name].state() == "active"
+        wait_for(lambda: decisions, 300.0, "a decision")
+        for run in (robot, server):
+            assert run.interrupt() == 0, run.output
+            assert "the node process" not in run.output, run.output
+    finally:
+        graph.close()
+
+
+@pytest.mark.server
+def test_a_node_killed_under_launch_ends_the_launch_naming_it_and_how_it_ended(
+        launched, llama_server_pair, tmp_path):
+    """A node that dies is never left dead in a launch that goes on: the launch ends (rc 1),
+    naming the node, how it ended and the error it reported; the other nodes stop."""
+    r1, r2 = llama_server_pair
+    run = launched("robot.launch.py", f"r1_url:={r1.url}", f"r2_url:={r2.url}")
+    run.wait_output("[policy]: deciding at", timeout_s=180.0)
+    os.kill(_pid_of(run, "policy-2"), signal.SIGKILL)
+    assert run.wait_exit(timeout_s=60.0) == 1, run.output
+    assert "the node process policy was killed by signal 9 (SIGKILL) while the launch ran" in \
+        run.output, run.output
+    assert "[aggregator-1]: process has finished cleanly" in run.output, run.output
+    assert not run.left_running(), run.output
+
+
+def test_a_node_that_cannot_start_ends_the_launch_with_its_error(launched, tmp_path):
+    """A policy whose params file asks for a safe action that is not in its vocabulary: its
+    configure fails, autostart gives up (exit 2) and the launch says why."""
+    nodes = yaml.safe_load((ROOT / "config" / "csr_ros.yaml").read_text())
+    nodes["/**/policy"]["ros__parameters"]["safe_action"] = "hover()"
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(json.loads(json.dumps(nodes))))
+    run = launched("robot.launch.py", f"params_file:={params}")
+    assert run.wait_exit(timeout_s=180.0) == 1, run.output
+    assert "the node process policy exited with code 2 while the launch ran" in run.output
+    assert "[policy] error: policy: safe_action 'hover()' is not an action of the vocabulary" \
+        in run.output, run.output
+    assert not run.left_running(), run.output
+
+
+def test_ctrl_c_ends_a_launch_of_managed_nodes_cleanly_not_as_a_node_that_died(launched,
+                                                                             tmp_path):
+    run = launched("robot.launch.py", "autostart:=false")
+    run.wait_output("[policy]: unconfigured: waiting for a lifecycle manager", timeout_s=120.0)
+    assert run.interrupt() == 0, run.output
+    assert "the node process" not in run.output, run.output
+    assert not run.left_running(), run.output

@@ -551,3 +551,23 @@ def test_the_ros_docs_say_what_launch_needs_and_nothing_stale():
         assert f"`{name}`" in lack, name
     assert "need `mode: text`" not in ros           # token mode sends text to llama.cpp
     assert "Launch files on the wheels" in ros
+
+
+def test_each_shell_block_of_the_launch_steps_sets_the_variables_it_uses():
+    """docs/ros.md, run as written: the shell that launches is a new one, so it must set $CSR,
+    $VENV and $WS itself (they were set only in the build block), and the workspace is named
+    one way ($WS), not four."""
+    import re
+
+    ros = (ROOT / "docs" / "ros.md").read_text()
+    section = ros[ros.index("## Launch files on the wheels"):ros.index("## What runs where")]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    assert len(blocks) == 2, "the build block and the block of each shell"
+    given = {"HOME", "PATH", "PYTHONPATH", "AMENT_PREFIX_PATH", "CMAKE_PREFIX_PATH"}
+    for block in blocks:
+        code = re.sub(r"<<'EOF'\n.*?\nEOF\n", "\n", block, flags=re.S)   # the CMake heredoc
+        code = re.sub(r"#.*", "", code)
+        defined = set(re.findall(r"^([A-Z_]+)=", code, re.M)) | given | {"repo"}
+        used = set(re.findall(r"\$\{?([A-Za-z_]+)", code))
+        assert used <= defined, (used - defined, block)
+        assert "~/launch_ws" not in block and "$HOME/launch_ws/" not in block, block
