@@ -9,7 +9,8 @@ process, as `ros2 run` starts it) against a real llama.cpp server, one fault at 
     invalid answers     max_new_tokens set to 1 at run time (SetParameters): every answer ends
                         incomplete; then set back
     context overflow    no reconciler evicts, and chunks come until the prompt no longer fits
-                        context_tokens (a small one, so it happens in seconds)
+                        context_tokens (a small one, so it happens in seconds; stale_after_s
+                        60 s, so that only the overflow can call for the safe action)
     deactivation        change_state deactivate (lifecycle_msgs), then activate
 
 For each: the time from the fault (the kill, the stop, the set, the chunk that overflowed, the
@@ -229,11 +230,14 @@ def run_faults(args) -> list[Outcome]:
     wait_s = 6 * args.stale_after_s + 60.0
     outcomes = []
     try:
-        for fault in FAULTS:
+        for fault in [f for f in FAULTS if not args.only or f in args.only]:
             print(f"-- {fault}", file=sys.stderr)
             outcome = Outcome(fault)
             outcomes.append(outcome)
-            extra = {"context_tokens": 1024} if fault == "context overflow" else {}
+            # the overflow alone: chunks keep every query prefilling, which may take longer
+            # than stale_after_s on a slow machine, so that clock is set out of the way
+            extra = {"context_tokens": 1024, "stale_after_s": 60.0} \
+                if fault == "context overflow" else {}
             name = fault.replace(" ", "_")
             observer.clear()
             policy = Policy(out, name, _policy_params(server.url, args, **extra), env)
@@ -293,18 +297,17 @@ def _overflow(observer: Observer, outcome: Outcome, wait_s: float) -> None:
     text = ("the robot passed waypoint {} in the east hallway; the floor is clear, battery "
             "at 80 percent, no person in sight, lights on, doors closed, all quiet")
     sent: list[float] = []
-    observer.wait("the policy's first decision", lambda: observer.decisions, 300.0)
+    _until_valid(observer, 0.0)
+    start_s = time.monotonic()         # a safe action before (a slow first decision) is not it
     for seq in range(200):
         sent.append(time.monotonic())
         observer.publish_chunk(seq, f"{seq}s log: {text.format(seq)}", stream)
         end = time.monotonic() + 1.0
-        while time.monotonic() < end:
-            if observer.safe_actions(0.0):
-                break
+        while time.monotonic() < end and not observer.safe_actions(start_s):
             time.sleep(0.02)
-        if observer.safe_actions(0.0):
+        if observer.safe_actions(start_s):
             break
-    t, safe = observer.wait("safe action", lambda: observer.safe_actions(0.0), wait_s)[0]
+    t, safe = observer.wait("safe action", lambda: observer.safe_actions(start_s), wait_s)[0]
     fault_s = max(s for s in sent if s <= t)
     outcome.to_safe_s = round(t - fault_s, 2)
     outcome.cause = safe.cause
@@ -318,7 +321,8 @@ def table(outcomes: list[Outcome], args) -> str:
             "valid actions in between | recovery → next valid action | cause it gives |",
             "|---|---|---|---|---|---|"]
     for o in outcomes:
-        to_safe = "not measured" if o.to_safe_s is None else f"{o.to_safe_s:.2f} s"
+        to_safe = "not measured" if o.to_safe_s is None else \
+            "< 0.01 s" if o.to_safe_s < 0.01 else f"{o.to_safe_s:.2f} s"
         to_valid = "-" if o.to_valid_s is None else f"{o.to_valid_s:.2f} s ({o.recovery})"
         cause = o.cause.replace("|", "/")
         if len(cause) > 160:
@@ -335,6 +339,8 @@ def main(argv=None) -> int:
     parser.add_argument("--stale-after-s", type=float, default=3.0)
     parser.add_argument("--rate-hz", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp server threads")
+    parser.add_argument("--only", nargs="*", choices=FAULTS, default=[],
+                        help="these faults only (default: all)")
     args = parser.parse_args(argv)
     outcomes = run_faults(args)
     out = Path(args.out)
