@@ -362,7 +362,7 @@ class AggregatorNode(ManagedNode):
 
 
 def main(args=None) -> int:
-    return run(AggregatorNode, args=args)
+    return run(AggregatorNode, args=args, label="aggregator")
 
 
 if __name__ == "__main__":

@@ -908,7 +908,7 @@ def _arguments(action) -> tuple[list[str], list[str], str]:
 def main(args=None) -> int:
     # Queries run on their own thread; a second executor thread keeps the Query service and
     # GetChunks answers flowing while chunks are folded.
-    return run(PolicyNode, args=args, threads=4)
+    return run(PolicyNode, args=args, threads=4, label="policy")
 
 
 if __name__ == "__main__":

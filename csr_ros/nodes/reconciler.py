@@ -548,7 +548,7 @@ def _close_all(resources) -> None:
 
 
 def main(args=None) -> int:
-    return run(ReconcilerNode, args=args, threads=4)
+    return run(ReconcilerNode, args=args, threads=4, label="reconciler")
 
 
 if __name__ == "__main__":
