@@ -725,8 +725,9 @@ class PolicyNode(ManagedNode):
                         if self.safe is not None else "no safe_action is set")
                 self.get_logger().warning(f"{what}: {command.cause}")
             elif isinstance(command, Resumed):
-                self.get_logger().info(f"valid decisions again after {command.after_s:.1f} s; "
-                                       "the safe action no longer holds")
+                self.get_logger().info(f"valid decisions again after {command.after_s:.1f} s" +
+                                       ("; the safe action no longer holds"
+                                        if self.safe is not None else ""))
 
     def _safe_action_msg(self, cause: str) -> Action:
         names, values, arguments = _arguments(self.safe)
