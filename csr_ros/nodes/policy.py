@@ -77,8 +77,6 @@ class PolicyNode(ManagedNode):
     def __init__(self, *, driver=None, **kwargs):
         super().__init__("policy", **kwargs)
         route_library_logging(self)
-        if driver is not None and not hasattr(driver, "query"):
-            raise ConfigError("policy: the driver must be the in-process reconciler")
         self.driver = driver       # the reconciler node of this process (all_in_one), or None
         self.lock = threading.Condition()      # fold, scheduler, stats, watchdog, instant values
         self.epoch = 0            # +1 at each deactivation: older queries publish nothing
@@ -238,7 +236,8 @@ class PolicyNode(ManagedNode):
         for _, resource in self.http_resources.values():
             resource.close()
         self.http_resources = {}
-        self.fold = None
+        with self.lock:                        # work_status reads it under the lock
+            self.fold = None
 
     def check_changes(self, changes: dict) -> None:
         if changes.get("temperature", 0.0) and self.driver is not None:
@@ -743,6 +742,8 @@ class PolicyNode(ManagedNode):
             snap = self.driver.snapshot()
             capacity = self.driver.capacity()
         with self.lock:
+            if self.driver is None and self.fold is None:      # being cleaned up
+                return OK, "ok", []
             if self.driver is not None:
                 view = {"version": snap["version"], "primary": snap["primary"],
                         "chunks": snap["n_chunks"], "next_seq": snap["next_seq"],
