@@ -133,7 +133,8 @@ def test_an_aggregator_restarted_without_chunk_log_starts_a_new_version_in_the_p
     wait_for(lambda: [body(c.text) for c in policy.fold.state.chunks] ==
              ["speech: new 0", "speech: new 1"], what="the new stream")
     assert policy.fold.stream != old_stream and policy.fold.version == 1
-    assert logged(probe, "policy", "restarted without its chunk log", "4 chunks")
+    wait_for(lambda: logged(probe, "policy", "restarted without its chunk log", "4 chunks"),
+             what="its log line on /rosout")
     status = wait_for(lambda: [s for s in probe.diagnostics if s.name == "csr_ros: policy"
                                and "restarted without its chunk log" in s.message],
                       what="a diagnostics entry")
@@ -155,7 +156,9 @@ def test_a_reconciler_that_has_not_started_folds_the_new_stream_too(graph, probe
     wait_for(lambda: [body(c.text) for c in reconciler.state.chunks] == ["speech: new 0"],
              what="the new stream in the reconciler")
     assert reconciler.stream_restarts == 1
-    assert logged(probe, "reconciler", "began a new chunk stream", "without the 3 chunks")
+    wait_for(lambda: logged(probe, "reconciler", "began a new chunk stream",
+                            "without the 3 chunks"),
+             what="its log line on /rosout")
 
 
 def test_an_aggregator_restarted_with_its_chunk_log_continues_its_stream(graph, probe, tmp_path):
@@ -284,7 +287,8 @@ def test_chunks_continue_after_the_clock_goes_back(graph, probe):
     pub.publish(String(data="at 3 s"))
     wait_for(lambda: len(probe.chunks) == 2, timeout_s=10.0, what="a chunk after the jump")
     assert body(probe.chunks[1].text) == "speech: at 3 s"
-    assert logged(probe, "aggregator", "the clock went back", "was reset")
+    wait_for(lambda: logged(probe, "aggregator", "the clock went back", "was reset"),
+             what="its log line on /rosout")
     wait_for(lambda: [s for s in probe.diagnostics if s.name == "csr_ros: aggregator" and
                       ("time_jumps", "1") in [(v.key, v.value) for v in s.values]],
              what="the jump on /diagnostics")
@@ -531,7 +535,8 @@ def test_a_reconciler_joining_after_a_long_history_evicts_at_once_and_reports_ca
                      what="the start event")[0]
     assert start.version == 1 and 0 < start.evicted_before_seq < 150
     assert start.caught_up_to_seq == 150 and start.static_tokens < 600
-    assert logged(probe, "reconciler", "joined with", "evicted in", level=Log.INFO)
+    wait_for(lambda: logged(probe, "reconciler", "joined with", "evicted in", level=Log.INFO),
+             what="its log line on /rosout")
     outcome = reconciler.query("Where is the robot?", max_new_tokens=2)
     assert outcome.ok and outcome.request.n_static < 600
     for i in range(12):                   # arrivals after the start, over more than the
