@@ -25,14 +25,13 @@ if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stop
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
 from rcl_interfaces.msg import Log  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
-from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 from test_nodes_ros import SPEECH, say  # noqa: E402
 
 from csr_ros.msg import Action, PolicyDecision, StateChunk  # noqa: E402
 from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
 from csr_ros.nodes.common import (ACTIONS_QOS, CHUNKS_QOS, DECISIONS_QOS,  # noqa: E402
-                                  DIAGNOSTICS_QOS)
+                                  DIAGNOSTICS_QOS, ROSOUT_QOS)
 from csr_ros.nodes.policy import PolicyNode  # noqa: E402
 from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
 from csr_ros.srv import GetChunks, Query  # noqa: E402
@@ -62,8 +61,7 @@ def probe(graph):
     node.create_subscription(PolicyDecision, "csr/decisions", node.received["decisions"].append,
                              DECISIONS_QOS)
     node.create_subscription(Action, "csr/actions", node.received["actions"].append, ACTIONS_QOS)
-    node.create_subscription(Log, "/rosout", node.received["logs"].append,
-                             QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
+    node.create_subscription(Log, "/rosout", node.received["logs"].append, ROSOUT_QOS)
 
     def diagnostics(msg):
         for status in msg.status:

@@ -35,7 +35,8 @@ from std_msgs.msg import String  # noqa: E402
 from csr_ros.errors import ConfigError  # noqa: E402
 from csr_ros.msg import StateChunk, SwapEvent  # noqa: E402
 from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
-from csr_ros.nodes.common import CHUNKS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS  # noqa: E402
+from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, ROSOUT_QOS,  # noqa: E402
+                                  SWAPS_QOS)
 from csr_ros.nodes.policy import PolicyNode  # noqa: E402
 from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
 
@@ -84,8 +85,7 @@ def probe(graph):
     node = graph.add(Node("defects_probe"))
     node.chunks, node.logs, node.diagnostics = [], [], []
     node.create_subscription(StateChunk, "csr/chunks", node.chunks.append, CHUNKS_QOS)
-    node.create_subscription(Log, "/rosout", node.logs.append,
-                             QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
+    node.create_subscription(Log, "/rosout", node.logs.append, ROSOUT_QOS)
     node.create_subscription(DiagnosticArray, "/diagnostics",
                              lambda m: node.diagnostics.extend(m.status), DIAGNOSTICS_QOS)
     return node

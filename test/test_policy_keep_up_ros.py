@@ -23,9 +23,9 @@ if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stop
 from rcl_interfaces.msg import Log  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
-from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 
 from csr_ros.node_logic.health import QueryStats  # noqa: E402
+from csr_ros.nodes.common import ROSOUT_QOS  # noqa: E402
 from csr_ros.nodes.policy import PolicyNode  # noqa: E402
 from csr_ros.resources.base import QueryResult  # noqa: E402
 from ros_graph import Graph, NodeProcess, wait_for  # noqa: E402
@@ -57,8 +57,7 @@ def _stats(decisions_per_s: float, took_s: float) -> QueryStats:
 def test_the_policy_node_says_it_fell_behind_and_caught_up_without_dying(graph):
     probe = graph.add(Node("keep_up_probe"))
     logs: list[Log] = []
-    probe.create_subscription(Log, "/rosout", logs.append,
-                              QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
+    probe.create_subscription(Log, "/rosout", logs.append, ROSOUT_QOS)
     policy = graph.add(PolicyNode(parameter_overrides=[
         Parameter("rate_hz", Parameter.Type.DOUBLE, 2.0),
         Parameter("resource.r1_url", Parameter.Type.STRING, DEAD_URL),

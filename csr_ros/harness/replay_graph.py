@@ -64,10 +64,9 @@ class Recorder:
         from rcl_interfaces.msg import Log
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.node import Node
-        from rclpy.qos import QoSProfile, ReliabilityPolicy
 
         from csr_ros.msg import PolicyDecision, SwapEvent
-        from csr_ros.nodes.common import DECISIONS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS
+        from csr_ros.nodes.common import DECISIONS_QOS, DIAGNOSTICS_QOS, ROSOUT_QOS, SWAPS_QOS
 
         rclpy.init()
         self.node = Node("csr_replay_recorder")
@@ -81,7 +80,7 @@ class Recorder:
                                       lambda m: self.swaps.append((stamp(), m)), SWAPS_QOS)
         self.node.create_subscription(
             Log, "/rosout", lambda m: self.logs.append((stamp(), m)) if m.level >= 30 else None,
-            QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
+            ROSOUT_QOS)
 
         def diagnostics(array):
             for status in array.status:

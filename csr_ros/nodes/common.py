@@ -62,6 +62,12 @@ ACTIONS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
 DIAGNOSTICS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
                              reliability=ReliabilityPolicy.RELIABLE,
                              durability=DurabilityPolicy.VOLATILE)
+# A subscriber of /rosout (a monitor, the replay harness): rcl's rosout publishers are
+# transient local (depth 1000, lifespan 10 s), so a subscriber that matches a node a moment
+# after it logged still gets the line.
+ROSOUT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000,
+                        reliability=ReliabilityPolicy.RELIABLE,
+                        durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 _ARRAY_TYPES = {str: Parameter.Type.STRING_ARRAY, int: Parameter.Type.INTEGER_ARRAY,
                 float: Parameter.Type.DOUBLE_ARRAY, bool: Parameter.Type.BOOL_ARRAY}
