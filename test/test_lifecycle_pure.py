@@ -1,7 +1,7 @@
 """The pure halves of nodes that stay up: callback faults said once then counted, the state a
 managed node reports, and what a launch says when one of its nodes dies or its bag player
-fails (csr_ros.node_logic.faults, .transitions, csr_ros.launch_args). The rclpy halves are in
-test/test_lifecycle_ros.py and test/test_launch_files.py."""
+fails (csr_ros.node_logic.callback_faults, .transitions, csr_ros.launch_args). The rclpy halves
+are in test/test_lifecycle_ros.py and test/test_launch_files.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from csr_ros.errors import ConfigError
 from csr_ros.launch_args import (error_lines, lifecycle_parameters, node_exit_reason,
                                  player_exit_reason)
-from csr_ros.node_logic.faults import CallbackFaults
+from csr_ros.node_logic.callback_faults import CallbackFaults
 from csr_ros.node_logic.health import ERROR, WARN
 from csr_ros.node_logic.transitions import TransitionRecord
 

@@ -103,6 +103,13 @@ class StudyResult:
     meta: dict                       # what ran, for the JSON
     plot_title: str
 
+    def as_json(self, argv: list[str]) -> dict:
+        """What `--json` writes: the rows, what ran (with the command line) and every answer."""
+        from csr_ros.eval.run import records_as_dicts
+
+        return {"methods": self.rows, "meta": {**self.meta, "argv": argv},
+                "questions": records_as_dicts(self.records)}
+
 
 def run_study(s: EvalSettings, progress: Callable[[str], None] | None = None) -> StudyResult:
     """Load the input, fix the budgets, run every method, judge the open answers."""

@@ -4,7 +4,8 @@ the managed (lifecycle) node that an operator or a lifecycle manager brings up a
     GuardedCallbacks   every timer, subscription and service callback the node creates is
                        wrapped: an exception is caught, logged (its traceback the first time,
                        then one line at most every 10 s per callback and type), counted, and
-                       ERROR on /diagnostics for 30 s (node_logic.faults); the node goes on
+                       ERROR on /diagnostics for 30 s (node_logic.callback_faults); the node
+                       goes on
     ManagedNode        an rclpy.lifecycle node whose transitions call the node's hooks:
 
         unconfigured ──configure──▶ inactive ──activate──▶ active
@@ -55,7 +56,7 @@ from rcl_interfaces.msg import SetParametersResult
 
 from csr_ros import ros_params
 from csr_ros.errors import ConfigError, CsrError
-from csr_ros.node_logic.faults import CallbackFaults
+from csr_ros.node_logic.callback_faults import CallbackFaults
 from csr_ros.node_logic.health import ERROR, OK, WARN
 from csr_ros.node_logic.transitions import TransitionRecord
 from csr_ros.nodes.common import (DIAGNOSTICS_QOS, declare, read_params, status_name,

@@ -32,8 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="questions JSONL (t_s, question, answer, choices?) for a bag")
     parser.add_argument("--format", choices=FORMATS, default="auto",
                         help="input format (auto: .jsonl and .json are ama, --questions: bag)")
-    parser.add_argument("--methods", default="csr,window,bm25,none",
-                        help="comma-separated: csr, window, bm25, none (default all four)")
+    parser.add_argument("--methods", default="csr,window,bm25,none", help="comma-separated")
     res = parser.add_argument_group("resource")
     res.add_argument("--resource", choices=("local", "openai"), default="local")
     res.add_argument("--url", action="append", default=None,
@@ -43,28 +42,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "list) or a model dir; openai: the served model id")
     res.add_argument("--threads", type=int, default=None, help="local engine CPU threads")
     res.add_argument("--backend", choices=("auto", "torch", "llamacpp"), default="auto",
-                     help="local engine: auto (what dtype auto picks on this CPU), torch, or "
-                          "llamacpp (the GGUF on llama.cpp's kernels, in process: no float32 "
-                          "conversion, the fast one for a 1.5B model on a CPU)")
-    res.add_argument("--max-context", type=int, default=None,
-                     help="context tokens (default: the model's, at most 8192 locally)")
+                     help="local engine (llamacpp: the GGUF in process, fast for a 1.5B model)")
+    res.add_argument("--max-context", type=int, default=None, help="context tokens")
     budget = parser.add_argument_group("budgets (comma-separated lists run each value)")
-    budget.add_argument("--tau-mem", default=None,
-                        help="CSR: evict when the static part reaches this many tokens "
-                             "(default: half the context)")
+    budget.add_argument("--tau-mem", default=None, help="CSR: evict at this many static tokens")
     budget.add_argument("--eviction", default="oldest_fraction",
                         choices=("oldest_fraction", "keep_recent_tokens"))
-    budget.add_argument("--eviction-fraction", type=float, default=0.5,
-                        help="oldest_fraction: share of chunks evicted per cycle (default 0.5)")
+    budget.add_argument("--eviction-fraction", type=float, default=0.5, help="per cycle")
     budget.add_argument("--keep-tokens", type=int, default=None,
                         help="keep_recent_tokens: chunk tokens kept (default tau_mem / 2)")
     budget.add_argument("--reserve-tokens", type=int, default=256)
     budget.add_argument("--n-catchup", type=int, default=64)
     budget.add_argument("--window-tokens", default=None, help="window: history tokens K")
     budget.add_argument("--window-chunks", default="1",
-                        help="window: also run windows of the latest N chunks, beside the "
-                             "matched one (default 1: the latest chunk only, what the robot's "
-                             "current state answers; 'none' for no such row)")
+                        help="window: also a window of the latest N chunks (default 1: what "
+                             "the robot's current state answers; 'none': no such row)")
     budget.add_argument("--bm25-k", default=None, help="bm25: chunks retrieved k")
     budget.add_argument("--match", default="tokens",
                         help="budgets not given are matched to CSR's: tokens (default), ttft, "
@@ -72,34 +64,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ask = parser.add_argument_group("asking")
     ask.add_argument("--max-new-tokens", type=int, default=16, help="greedy answers")
     ask.add_argument("--choice-scoring", default="label",
-                     help="how a question with choices is scored; comma-separated rules run "
-                          "side by side, a row each: label (default: the options lettered in "
-                          "the prompt, the letters' log-probabilities as the answer), pmi (an "
-                          "option's log-likelihood minus its log-likelihood after a fixed "
-                          "content-free prompt), mean (an option's log-likelihood per token: "
-                          "LENGTH-BIASED, an option whose later tokens follow from its first "
-                          "wins whatever the prompt holds; kept for comparison), sum (the "
-                          "summed log-likelihood: biased the other way, to short options)")
+                     help="rules for questions with choices, a row each: label (default: "
+                          "lettered options, the letters' log-probabilities), pmi (minus a "
+                          "content-free prompt's), mean (per token: LENGTH-BIASED, kept for "
+                          "comparison), sum (biased to short options)")
     ask.add_argument("--shuffle-seed", type=int, default=0,
-                     help="the options' order, shuffled per question from this seed and the "
-                          "question (the same for every method and rule; default 0)")
+                     help="options shuffled per question from this seed (default 0)")
     ask.add_argument("--no-shuffle", action="store_true",
                      help="show the options in their given order")
     ask.add_argument("--openai-choices", choices=("auto", "logprobs", "generate"),
-                     default="auto", help="choices over HTTP: echo logprobs or a greedy answer "
-                                          "matched to them (auto: logprobs on vLLM/SGLang)")
+                     default="auto", help="mean/sum over HTTP (auto: logprobs on vLLM/SGLang)")
     judge = parser.add_argument_group("judge (open answers, AMA-Bench's protocol)")
     judge.add_argument("--judge-url", default=None,
-                       help="an OpenAI-compatible server to judge open answers (chat "
-                            "completions, temperature 0)")
+                       help="an OpenAI-compatible server that judges open answers")
     judge.add_argument("--judge-model-name", default=None,
                        help="--judge-url: the served model's id, if the server needs one")
     judge.add_argument("--judge-model", default=None,
                        help="judge on the local engine: a model name or directory it loads")
     judge.add_argument("--judge-threads", type=int, default=None,
                        help="--judge-model: CPU threads (default: --threads)")
-    judge.add_argument("--judge-max-tokens", type=int, default=16,
-                       help="tokens of a judge's reply (default 16: the verdict is yes or no)")
+    judge.add_argument("--judge-max-tokens", type=int, default=16, help="a verdict's tokens")
     judge.add_argument("--judge-self", action="store_true",
                        help="allow the evaluated model (same --model, or a --url) as the judge")
     src = parser.add_argument_group("input")
@@ -108,8 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--topics", nargs="+", default=None, help="bag: only these topics")
     src.add_argument("--episodes", type=int, default=None, help="ama: the first N episodes")
     src.add_argument("--ama-mcq", choices=("text", "label"), default="text",
-                     help="ama: score a multiple-choice question over its options' texts "
-                          "(default) or over the labels (A), (B), ...")
+                     help="ama: choices are the options' texts (default) or their labels")
     src.add_argument("--max-questions", type=int, default=None,
                      help="ask only the first N questions (in time order) of each episode")
     src.add_argument("--duration-s", type=float, default=600.0,
@@ -119,20 +102,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--questions-out", type=Path, default=None,
                      help="patrol: also write the generated questions as JSONL")
     src.add_argument("--write-ama", type=Path, default=None,
-                     help="patrol: write each INPUT patrol (one episode each, questions after "
-                          "the last chunk) as AMA-Bench JSONL to this file, and stop")
+                     help="patrol: write the patrols as AMA-Bench JSONL, and stop")
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, default=None, help="write rows and answers as JSON")
     out.add_argument("--markdown", type=Path, default=None, help="write the table as markdown")
     out.add_argument("--plot", type=Path, default=None, help="PNG: accuracy against TTFT")
     out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     out.add_argument("--sequential", action="store_true",
-                     help="local: run the methods one after another instead of asking each "
-                          "question of all in turn (HTTP resources always run one after another)")
+                     help="local: the methods one after another, not each question in turn")
 
 
 def run(args: argparse.Namespace) -> int:
-    from csr_ros.eval.run import records_as_dicts, stderr_progress
+    from csr_ros.eval.run import stderr_progress
     from csr_ros.eval.study import run_study
 
     progress = None if args.quiet else stderr_progress
@@ -159,10 +140,7 @@ def run(args: argparse.Namespace) -> int:
         args.markdown.write_text(result.table + "\n", encoding="utf-8")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"methods": result.rows,
-                                         "meta": {**result.meta, "argv": sys.argv[1:]},
-                                         "questions": records_as_dicts(result.records)},
-                                        indent=1), encoding="utf-8")
+        args.json.write_text(json.dumps(result.as_json(sys.argv[1:]), indent=1), encoding="utf-8")
         say(f"wrote {args.json}")
     if args.plot is not None:
         from csr_ros.eval.report import plot_accuracy_vs_ttft
