@@ -117,7 +117,8 @@ class Engine(Protocol):
               stop: Sequence[str] = (), eos_ids: Sequence[int] | None = None,
               commit_ids: Sequence[int] = (), temperature: float = 0.0,
               seed: int | None = None, constraint: TokenConstraint | None = None,
-              on_token: Callable[[int], None] | None = None) -> Generation: ...
+              on_token: Callable[[int], None] | None = None,
+              on_text: Callable[[str], None] | None = None) -> Generation: ...
     def score_options(self, dynamic_ids: Sequence[int], options: Sequence[Sequence[int]], *,
                       commit_ids: Sequence[int] = (),
                       end_id: int | None = None) -> OptionScores: ...
@@ -242,14 +243,18 @@ class Decoder:
               eos_ids: Sequence[int] | None = None, commit_ids: Sequence[int] = (),
               temperature: float = 0.0, seed: int | None = None,
               constraint: TokenConstraint | None = None,
-              on_token: Callable[[int], None] | None = None) -> Generation:
+              on_token: Callable[[int], None] | None = None,
+              on_text: Callable[[str], None] | None = None) -> Generation:
         """Commit `commit_ids`, prefill `dynamic_ids` (not committed), decode, roll back.
 
         Greedy unless temperature > 0. TTFT runs from the call to the first sampled token.
         `constraint` masks the logits before each sample and ends the generation as soon as
         what it accepts is complete (see `TokenConstraint`). `on_token(n)` is called after
-        each sampled token with the answer's tokens so far; an exception it raises (e.g.
-        QueryCancelledError) stops the decode between two tokens, after the same roll back.
+        each sampled token with the answer's tokens so far, then `on_text(text)` with the
+        answer's text so far (cut before a stop string; a character whose bytes are not all
+        decoded yet reads U+FFFD), which is what a stream sends on; an exception either raises
+        (e.g. QueryCancelledError) stops the decode between two tokens, after the same roll
+        back.
         """
         commit = self._check_ids(commit_ids, "commit_ids", allow_empty=True)
         dynamic = self._check_ids(dynamic_ids, "dynamic_ids", allow_empty=True)
@@ -274,6 +279,12 @@ class Decoder:
             tokens.append(self._sample(logits, temperature, rng))
             return self._finished(tokens, eos, stop, max_new_tokens, constraint)
 
+        def progress(text: str) -> None:
+            if on_token is not None:
+                on_token(len(tokens))
+            if on_text is not None:
+                on_text(text)
+
         with self._compute():
             started = time.perf_counter()
             if commit:
@@ -287,8 +298,7 @@ class Decoder:
                 if finish is None:
                     text, finish = choose(self._forward(feed) if feed else self._last_logits)
                 ttft_s = time.perf_counter() - started
-                if on_token is not None:
-                    on_token(len(tokens))
+                progress(text)
                 with self._decode_steps():
                     while finish is None:
                         n_sampled = len(tokens)
@@ -298,8 +308,7 @@ class Decoder:
                             break
                         feed = tokens[n_sampled - 1:]     # the sampled token, then any forced
                         text, finish = choose(self._forward(feed, decode=True))
-                        if on_token is not None:
-                            on_token(len(tokens))
+                        progress(text)
                 decode_s = time.perf_counter() - started - ttft_s
             finally:
                 self._rollback(mark)

@@ -324,10 +324,12 @@ class Reconciler:
             self._changed.notify_all()
 
     def query(self, task: str, *, suffix: str = "", max_new_tokens: int = 8,
-              stop: Sequence[str] = (), constraint=None, on_token=None) -> QueryOutcome:
+              stop: Sequence[str] = (), constraint=None, on_token=None,
+              on_text=None) -> QueryOutcome:
         """Build a request against the active version and answer it on the resource holding it.
-        `on_token` goes to the resource's query (progress; what it raises ends the query). A
-        QueryCancelledError it raises reaches the caller: the resource did not fail."""
+        `on_token` and `on_text` go to the resource's query (progress; what they raise ends
+        the query). A QueryCancelledError they raise reaches the caller: the resource did not
+        fail."""
         timeout_s = self.config.query_timeout_s
         with self._lock:
             started_s = self.clock()
@@ -341,7 +343,7 @@ class Reconciler:
             self._queued[route.resource].append(marker)
             future = self._workers[route.resource].submit(
                 lambda: self._answer(route, max_new_tokens, stop, started_s, constraint,
-                                     on_token, marker))
+                                     on_token, on_text, marker))
         outcome: QueryOutcome
         try:
             wait_s, result = future.result(timeout=timeout_s)
@@ -378,7 +380,7 @@ class Reconciler:
 
     def _answer(self, route: Route, max_new_tokens: int, stop: Sequence[str],
                 started_s: float, constraint=None, on_token=None,
-                marker: tuple[str, int] | None = None) -> tuple[float, QueryResult]:
+                on_text=None, marker: tuple[str, int] | None = None) -> tuple[float, QueryResult]:
         if marker is not None:
             with self._lock:
                 _discard(self._queued[route.resource], marker)
@@ -395,7 +397,8 @@ class Reconciler:
             # the deadline the caller waits for: a worker that does not answer by then dies
             kwargs["timeout_s"] = max(0.1, self.config.query_timeout_s - wait_s)
         return wait_s, resource.query(route.request, max_new_tokens=max_new_tokens, stop=stop,
-                                      constraint=constraint, on_token=on_token, **kwargs)
+                                      constraint=constraint, on_token=on_token,
+                                      on_text=on_text, **kwargs)
 
     # -- state for callers -----------------------------------------------------------------
 

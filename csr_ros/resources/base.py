@@ -9,7 +9,8 @@ answers queries whose static part extends that run:
                   its dynamic tokens (not committed), then decode; TTFT is measured at the first
                   sampled token on a monotonic clock; `constraint` (csr_ros.actions) restricts
                   the answer to a grammar, a JSON schema or a closed list of choices; `on_token`
-                  follows the answer's progress and may stop it
+                  (tokens so far) and `on_text` (text so far) follow the answer as it is
+                  decoded, and what they raise stops it
 
 Every resource takes `version=` (the CSR state version of the run: a routing key behind a
 router) and `timeout_s=` (enforced where `capabilities.timeout`; the others bound their calls
@@ -111,6 +112,7 @@ class Resource(Protocol):
     def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
               constraint: OutputConstraint | None = None,
               on_token: Callable[[int], None] | None = None,
+              on_text: Callable[[str], None] | None = None,
               timeout_s: float | None = None) -> QueryResult: ...
 
     def close(self) -> None: ...

@@ -103,12 +103,14 @@ class LocalResource:
     def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
               constraint: OutputConstraint | None = None,
               on_token: Callable[[int], None] | None = None,
+              on_text: Callable[[str], None] | None = None,
               timeout_s: float | None = None) -> QueryResult:
         """`constraint`: a grammar or JSON schema masks each sampled token (llguidance); a
-        closed choice is scored in one forward pass instead of decoded. `on_token(n)`: called
-        with the answer's tokens so far after each one (once for a choice); what it raises
-        stops the decode between two tokens (Decoder.query). An in-process computation cannot
-        be abandoned: `timeout_s` is not enforced."""
+        closed choice is scored in one forward pass instead of decoded. `on_token(n)` and
+        `on_text(text)`: called with the answer's tokens and text so far after each token
+        (once for a choice); what they raise stops the decode between two tokens
+        (Decoder.query). An in-process computation cannot be abandoned: `timeout_s` is not
+        enforced."""
         static = request.static_ids
         with self._lock:
             n = self._n_committed_below(request)
@@ -116,6 +118,8 @@ class LocalResource:
                 result = self._choose(request, constraint, n)
                 if on_token is not None:
                     on_token(result.n_generated)
+                if on_text is not None:
+                    on_text(result.text)
                 return result
             token_constraint = None
             if constraint is not None:
@@ -123,7 +127,7 @@ class LocalResource:
             # Static tokens past the committed run are committed inside the query (counted in TTFT).
             generation = self.engine.query(request.dynamic_ids, max_new_tokens, stop=stop,
                                            commit_ids=static[n:], constraint=token_constraint,
-                                           on_token=on_token)
+                                           on_token=on_token, on_text=on_text)
         return QueryResult(text=generation.text, token_ids=generation.token_ids,
                            ttft_s=generation.ttft_s, decode_s=generation.decode_s,
                            n_prompt=len(static) + len(request.dynamic_ids),

@@ -346,10 +346,12 @@ class OpenAIResource:
     def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
               constraint: OutputConstraint | None = None,
               on_token: Callable[[int], None] | None = None,
+              on_text: Callable[[str], None] | None = None,
               timeout_s: float | None = None) -> QueryResult:
-        """`on_token(n)`: called with the answer's tokens so far after each streamed piece;
-        what it raises (e.g. QueryCancelledError) closes the stream at once (vLLM aborts a
-        request whose client went away). `timeout_s` is not enforced (as in `load`)."""
+        """`on_token(n)` and `on_text(text)`: called with the answer's tokens and text so far
+        as each streamed piece arrives from the server; what they raise (e.g.
+        QueryCancelledError) closes the stream at once (vLLM aborts a request whose client
+        went away). `timeout_s` is not enforced (as in `load`)."""
         with self._lock:
             self._ensure_checked()
             n_extended = self._n_extended(request)
@@ -381,8 +383,11 @@ class OpenAIResource:
                         pieces.append(choice.get("text") or "")
                         token_ids.extend(choice.get("token_ids") or ())
                         finish_reason = choice.get("finish_reason") or finish_reason
-                    if on_token is not None and event.get("choices"):
-                        on_token(max(len(token_ids), len(pieces)))
+                    if event.get("choices"):
+                        if on_token is not None:
+                            on_token(max(len(token_ids), len(pieces)))
+                        if on_text is not None:
+                            on_text("".join(pieces))
             finally:
                 response.close()
             ended = time.monotonic()

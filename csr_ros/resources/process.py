@@ -16,6 +16,11 @@ and foreground work on `threads`: on 2 cores, `threads=2, background_threads=1` 
 primary both cores while its secondary idles, without 4 threads fighting over 2 cores while
 both compute.
 
+A query given `on_text` is followed as the child decodes it: the child sends the answer's
+text so far after each token, the parent hands it to `on_text`, and what `on_text` raises is
+sent back as a cancel that the child's decode obeys between two tokens (its state rolls back
+as in process); the call then raises what `on_text` raised.
+
 A dead child raises `ResourceUnavailableError` (its committed state is gone). `load()` replaces
 the whole committed run anyway, so it starts a fresh child first: a warm-up retry after a crash
 recovers by itself; `revive()` starts one at once, so that the next load does not wait for the
@@ -34,14 +39,16 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from csr_ros.errors import (ConfigError, ResourceError, ResourceTimeoutError,
-                             ResourceUnavailableError)
+from csr_ros.errors import (ConfigError, QueryCancelledError, ResourceError,
+                             ResourceTimeoutError, ResourceUnavailableError)
 from csr_ros.resources.base import Capabilities, PrefillResult, QueryResult
 from csr_ros.state import Request
 
 log = logging.getLogger(__name__)
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+_STREAM = "__csr_stream_text__"     # in a call's kwargs: the child sends on_text's texts back
+_CANCEL = "__csr_cancel__"          # parent → child during a streamed call: stop the decode
 
 
 class ProcessResource:
@@ -104,11 +111,19 @@ class ProcessResource:
 
     def query(self, request: Request, *, max_new_tokens: int, stop: Sequence[str] = (),
               constraint=None, on_token: Callable[[int], None] | None = None,
+              on_text: Callable[[str], None] | None = None,
               timeout_s: float | None = None) -> QueryResult:
         """`on_token` stays in this process: it is called once, with the answer's tokens,
-        when the answer is back (as for a closed choice); the decode cannot be stopped."""
-        result = self.call("query", request, max_new_tokens=max_new_tokens, stop=tuple(stop),
-                           constraint=constraint, timeout_s=timeout_s)
+        when the answer is back (as for a closed choice). `on_text` follows the decode in the
+        child token by token, and what it raises stops it (the module docstring)."""
+        kwargs = {"max_new_tokens": max_new_tokens, "stop": tuple(stop),
+                  "constraint": constraint}
+        if on_text is None:
+            result = self.call("query", request, timeout_s=timeout_s, **kwargs)
+        else:
+            with self._lock:
+                result = self._call_locked("query", (request,), {**kwargs, "on_text": _STREAM},
+                                           timeout_s, on_text=on_text)
         if on_token is not None:
             on_token(result.n_generated)
         return result
@@ -237,7 +252,8 @@ class ProcessResource:
                 os.setpriority(os.PRIO_PROCESS, process.pid, self.background_nice)
             except OSError:
                 pass
-        status, payload = self._receive(self.start_timeout_s, "start")
+        status, payload = self._receive(time.monotonic() + self.start_timeout_s,
+                                        self.start_timeout_s, "start")
         if status != "ready":
             self.kill()
             raise _as_exception(payload)
@@ -247,7 +263,8 @@ class ProcessResource:
         self._restore_wanted_locked()
 
     def _call_locked(self, path: str | Callable, args: tuple, kwargs: dict,
-                     timeout_s: float | None) -> Any:
+                     timeout_s: float | None, *,
+                     on_text: Callable[[str], None] | None = None) -> Any:
         what = path if isinstance(path, str) else getattr(path, "__name__", "apply")
         if not self.alive:
             raise ResourceUnavailableError(self._dead_message(what))
@@ -255,13 +272,30 @@ class ProcessResource:
             self._conn.send((path, args, kwargs))
         except (OSError, EOFError):
             raise ResourceUnavailableError(self._dead_message(what)) from None
-        status, payload = self._receive(timeout_s, what)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        stopped: BaseException | None = None        # what on_text raised
+        while True:
+            status, payload = self._receive(deadline, timeout_s, what)
+            if status != "text":
+                break
+            if stopped is None:
+                try:
+                    on_text(payload)
+                except BaseException as exc:
+                    stopped = exc
+                    try:
+                        self._conn.send(_CANCEL)
+                    except (OSError, EOFError):
+                        pass            # a dead child: the next receive says so
+        if stopped is not None:
+            # the child stopped (QueryCancelledError), or finished before it read the cancel
+            raise stopped
         if status == "ok":
             return payload
         raise _as_exception(payload)
 
-    def _receive(self, timeout_s: float | None, what: str) -> tuple[str, Any]:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    def _receive(self, deadline: float | None, timeout_s: float | None,
+                 what: str) -> tuple[str, Any]:
         while True:
             wait_s = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
             try:
@@ -334,7 +368,11 @@ def _child_main(conn, kind: str, options: dict) -> None:
             break
         if message is None:
             break
+        if message == _CANCEL:
+            continue                    # it came after the streamed call it meant had ended
         path, args, kwargs = message
+        if kwargs.get("on_text") == _STREAM:
+            kwargs = {**kwargs, "on_text": _text_sender(conn)}
         try:
             if callable(path):
                 result = path(resource, *args, **kwargs)
@@ -368,6 +406,15 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="csr-parent-watch", daemon=True).start()
+
+
+def _text_sender(conn) -> Callable[[str], None]:
+    """In the child: send each text so far to the parent; a cancel from it stops the decode."""
+    def on_text(text: str) -> None:
+        if conn.poll(0) and conn.recv() == _CANCEL:
+            raise QueryCancelledError("the caller stopped following the answer")
+        conn.send(("text", text))
+    return on_text
 
 
 def _thread_ids(pid: int) -> list[int]:
