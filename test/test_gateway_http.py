@@ -110,7 +110,8 @@ def test_a_streamed_chat_over_the_openai_client_carries_tokens_and_usage(gateway
     assert events[0].choices[0].delta.role == "assistant"
     assert pieces and finishes in (["stop"], ["length"])
     assert 1 <= len(pieces) <= usage.completion_tokens <= 8
-    first_csr = events[0].model_extra["csr"]
+    (first_csr,) = [e.model_extra["csr"] for e in events if "csr" in e.model_extra]
+    assert events[-2].choices[0].finish_reason, "csr rides on the event that finishes"
     assert usage.prompt_tokens == first_csr["n_static"] + first_csr["n_dynamic"]
     messages += [{"role": "assistant", "content": "".join(pieces)},
                  {"role": "user", "content": "Now say goodbye."}]
@@ -118,8 +119,61 @@ def test_a_streamed_chat_over_the_openai_client_carries_tokens_and_usage(gateway
         model="csr-ros", messages=messages, max_tokens=8, stream=True,
         stream_options={"include_usage": True}, extra_headers={"X-Session-Id": "streamed"}))
     assert again[-1].usage.prompt_tokens_details.cached_tokens >= first_csr["n_static"]
-    assert again[0].model_extra["csr"]["new_version"] is False
-    assert again[0].model_extra["csr"]["appended"] == 2
+    assert again[-2].model_extra["csr"]["new_version"] is False
+    assert again[-2].model_extra["csr"]["appended"] == 2
+
+
+COUNT = "Count from 1 to 300, one number after the other, separated by commas."
+
+
+def test_streamed_pieces_reach_the_openai_client_while_the_server_still_decodes(gateway):
+    client = gateway.client()
+    stream = client.chat.completions.create(
+        model="csr-ros", messages=[SYSTEM, {"role": "user", "content": COUNT}], max_tokens=64,
+        stream=True, stream_options={"include_usage": True},
+        extra_headers={"X-Session-Id": "live"})
+    pieces: list[str] = []
+    during = None
+    for event in stream:
+        if event.choices and event.choices[0].delta.content:
+            pieces.append(event.choices[0].delta.content)
+            if during is None:     # asked once the first piece is in the client's hands
+                during = gateway.sessions()["live"]
+    # the order of events: a piece had arrived while the gateway was still decoding, and the
+    # text it had decoded then was shorter than the answer that came after
+    assert during["decoding"] is True and during["in_flight"] == 1
+    assert during["decoded_chars"] < len("".join(pieces))
+    assert len(pieces) > 8 and event.usage.completion_tokens >= len(pieces)
+    after = gateway.sessions()["live"]
+    assert after["decoding"] is False and after["decoded_chars"] == len("".join(pieces))
+
+
+def test_a_client_that_disconnects_mid_stream_stops_the_decode_and_the_session_goes_on(
+        gateway):
+    messages = [SYSTEM, {"role": "user", "content": "Ana and Ben are in the kitchen."},
+                {"role": "assistant", "content": "say(hello)"},
+                {"role": "user", "content": COUNT}]
+    body = {"messages": messages, "max_tokens": 200, "stream": True}
+    with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=300.0,
+                      headers={"X-Session-Id": "gone"}) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if '"content": "' in line and '"content": ""' not in line:
+                break              # the first piece: the client leaves here
+    for _ in range(600):           # until the gateway has seen it go (bounded)
+        session = gateway.sessions()["gone"]
+        if not session["in_flight"]:
+            break
+        threading.Event().wait(0.1)
+    assert session["cancelled"] == 1, "the decode stopped before its end"
+    assert session["decoding"] is False and session["messages"] == 2
+    full = post(gateway, "/v1/chat/completions", {**body, "stream": False}, session="gone")
+    assert full.status_code == 200, full.text
+    csr = full.json()["csr"]
+    # the session held what it had appended: the resend extends it, nothing is appended again
+    assert not csr["new_version"] and csr["held"] == 2 and csr["appended"] == 0
+    assert session["decoded_chars"] < len(full.json()["choices"][0]["message"]["content"])
+    assert gateway.sessions()["gone"]["new_versions"] == 0
 
 
 def test_a_client_that_breaks_the_prefix_starts_a_visible_new_version(gateway):

@@ -6,8 +6,7 @@ import pytest
 
 from csr_ros.errors import GatewayRequestError
 from csr_ros.gateway.session import (DEFAULT_SESSION, Prompt, Transcript, lru_victim,
-                                     parse_chat, parse_completion_prompt, session_key,
-                                     stream_pieces)
+                                     parse_chat, parse_completion_prompt, session_key)
 
 SYSTEM = {"role": "system", "content": "You are the policy of a home robot."}
 
@@ -151,20 +150,6 @@ def test_the_least_recently_used_idle_session_is_the_one_closed():
     assert lru_victim(["a", "b", "c"], busy=set()) == "a"
     assert lru_victim(["a", "b", "c"], busy={"a"}) == "b"
     assert lru_victim(["a", "b"], busy={"a", "b"}) is None
-
-
-def test_streamed_pieces_are_whole_tokens_that_join_to_the_answer():
-    from csr_ros.model_store import resolve_model_dir
-    from csr_ros.tokenizer import HFTokenizer
-
-    tokenizer = HFTokenizer(resolve_model_dir(weights=False))
-    text = "go_to(kitchen) — the café is 3.5 m away 🙂"
-    ids = tokenizer.encode_data(text)
-    pieces = stream_pieces(tokenizer.decode, ids, text)
-    assert "".join(pieces) == text
-    assert len(pieces) > 5 and all(pieces) and not any("\ufffd" in p for p in pieces)
-    # an answer cut at a stop string: the pieces still join to the answer given
-    assert "".join(stream_pieces(tokenizer.decode, ids, text[:10])) == text[:10]
 
 
 def test_a_version_that_could_not_be_built_makes_the_next_prompt_start_one_again():

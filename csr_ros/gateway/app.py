@@ -14,12 +14,19 @@ The session is the `X-Session-Id` header, else the body's `user`. Every answer c
 `usage` (`prompt_tokens`, `completion_tokens`, `prompt_tokens_details.cached_tokens`), a `csr`
 field (session, conversation version, whether this request started a new version and why,
 chunks appended, state version, TTFT) and the headers `X-CSR-Session`, `X-CSR-Version`,
-`X-CSR-New-Version`. A stream is sent once the answer is decoded (the resources return whole
-answers): its pieces are the answer's tokens.
+`X-CSR-New-Version`.
+
+A stream follows the decode: the resource's `on_text` feeds an `AnswerStream` on the worker
+thread, and each piece it releases goes to the client as an SSE event while the next tokens
+are decoded. The response (its status and headers) starts at the first piece, so a request that
+fails before it (a bad prompt, a resource that is down) still gets its HTTP error status; a
+failure after it ends the stream with an error event. A client that disconnects stops the
+decode at the next token (QueryCancelledError from `on_text`); the session keeps its messages.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -34,11 +41,11 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from csr_ros.errors import (ChunkError, ConfigError, ContextOverflowError, CsrError,
-                            GatewayBusyError, GatewayRequestError, ResourceError,
-                            StateMismatchError)
-from csr_ros.gateway.service import Completion, Gateway
-from csr_ros.gateway.session import (parse_chat, parse_completion_prompt, session_key,
-                                     stream_pieces)
+                            GatewayBusyError, GatewayRequestError, QueryCancelledError,
+                            ResourceError, StateMismatchError)
+from csr_ros.gateway.answer import Answer, AnswerStream, Decoding, settle
+from csr_ros.gateway.service import Completion, Gateway, Started
+from csr_ros.gateway.session import parse_chat, parse_completion_prompt, session_key
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,8 @@ USED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "s
 #: sampling fields the resources' own settings replace (named in X-CSR-Ignored)
 IGNORED = {"temperature", "top_p", "seed", "presence_penalty", "frequency_penalty",
            "logit_bias", "metadata", "store", "parallel_tool_calls", "service_tier"}
+#: streams being decoded on worker threads (the event loop holds tasks only weakly)
+_WORKERS: set[asyncio.Future] = set()
 
 
 def build_app(gateway: Gateway) -> Starlette:
@@ -81,7 +90,8 @@ def build_app(gateway: Gateway) -> Starlette:
     return Starlette(routes=routes, exception_handlers={CsrError: _error_response})
 
 
-async def _answer(gateway: Gateway, request: Request, body: dict, prompt, *, chat: bool):
+async def _answer(gateway: Gateway, request: Request, body: dict, prompt, *, chat: bool,
+                  decoding: Decoding = Decoding.plain()):
     key = session_key(request.headers, body)
     stream, include_usage = _stream_options(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) if chat \
@@ -93,61 +103,158 @@ async def _answer(gateway: Gateway, request: Request, body: dict, prompt, *, cha
         msg = f"this gateway serves the model {gateway.config.model_name!r}, not {model!r}"
         raise GatewayRequestError(msg)
     stop = _stop(body.get("stop"))
-    done = await run_in_threadpool(gateway.complete, key, prompt, max_tokens=max_tokens,
-                                   stop=stop)
-    headers = {"X-CSR-Session": key, "X-CSR-Version": str(done.version),
-               "X-CSR-New-Version": "1" if done.new_version else "0"}
-    ignored = sorted(set(body) & IGNORED)
-    if ignored:
-        headers["X-CSR-Ignored"] = ",".join(ignored)
-    ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    created = int(time.time())
-    name = gateway.config.model_name
+    reply = _Reply(gateway.config.model_name, chat=chat, include_usage=include_usage,
+                   ignored=sorted(set(body) & IGNORED))
+    ask = dict(max_tokens=max_tokens, stop=stop, constraint=decoding.constraint)
     if not stream:
-        choice = ({"index": 0, "message": {"role": "assistant", "content": done.text},
-                   "finish_reason": done.finish_reason, "logprobs": None} if chat else
-                  {"index": 0, "text": done.text, "finish_reason": done.finish_reason,
-                   "logprobs": None})
-        return JSONResponse({"id": ident, "object": "chat.completion" if chat
-                             else "text_completion", "created": created, "model": name,
-                             "choices": [choice], "usage": _usage(done),
-                             "csr": done.csr_fields()}, headers=headers)
-    decode = gateway.decoder(key)
-    pieces = stream_pieces(decode, done.token_ids, done.text) if decode else [done.text]
-    events = _stream_events(done, pieces, ident=ident, created=created, name=name, chat=chat,
-                            include_usage=include_usage)
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        done = await run_in_threadpool(gateway.complete, key, prompt, **ask)
+        return JSONResponse(reply.body(done, settle(decoding, done.text, done.finish_reason)),
+                            headers=reply.headers(done))
+    return await _stream(gateway, key, prompt, ask, decoding, reply)
 
 
-def _stream_events(done: Completion, pieces: list[str], *, ident: str, created: int, name: str,
-                   chat: bool, include_usage: bool):
-    obj = "chat.completion.chunk" if chat else "text_completion"
+async def _stream(gateway: Gateway, key: str, prompt, ask: dict, decoding: Decoding,
+                  reply: "_Reply") -> StreamingResponse:
+    """Decode on a worker thread and send each piece as it is released (module docstring)."""
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue = asyncio.Queue()
+    gone = threading.Event()
+    pieces = AnswerStream(decoding, stop=ask["stop"])
 
-    def event(choices: list, **extra) -> str:
-        payload = {"id": ident, "object": obj, "created": created, "model": name,
+    def put(kind: str, value) -> None:
+        loop.call_soon_threadsafe(items.put_nowait, (kind, value))
+
+    def on_text(text: str) -> None:
+        if gone.is_set():
+            raise QueryCancelledError("the client closed the stream")
+        piece = pieces.feed(text)
+        if piece:
+            put("piece", piece)
+
+    def work() -> None:
+        try:
+            put("done", gateway.complete(key, prompt, on_start=lambda s: put("start", s),
+                                         on_text=on_text, **ask))
+        except BaseException as exc:       # delivered to the response, or its status
+            put("error", exc)
+
+    worker = asyncio.ensure_future(run_in_threadpool(work))
+    _WORKERS.add(worker)                   # the loop holds tasks weakly
+    worker.add_done_callback(_WORKERS.discard)
+    started: Started | None = None
+    kind, value = await items.get()
+    while kind == "start":
+        started = value
+        kind, value = await items.get()
+    if kind == "error":
+        raise value                        # nothing sent yet: the error's own status
+
+    async def events():
+        nonlocal kind, value
+        try:
+            if reply.chat:
+                yield reply.first_event()
+            while True:
+                if kind == "piece":
+                    yield reply.piece_event(value)
+                elif kind == "done":
+                    answer = settle(decoding, value.text, value.finish_reason)
+                    for event in reply.last_events(value, answer, pieces):
+                        yield event
+                    return
+                else:
+                    yield reply.error_event(value)
+                    return
+                kind, value = await items.get()
+        finally:
+            gone.set()                     # a client that went away stops the decode
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers=reply.headers(started))
+
+
+class _Reply:
+    """One request's OpenAI response: the JSON body, or the SSE events of a stream."""
+
+    def __init__(self, model: str, *, chat: bool, include_usage: bool, ignored: list[str]):
+        self.model, self.chat = model, chat
+        self.include_usage, self.ignored = include_usage, ignored
+        self.ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def headers(self, done: Completion | Started) -> dict:
+        headers = {"X-CSR-Session": done.session, "X-CSR-Version": str(done.version),
+                   "X-CSR-New-Version": "1" if done.new_version else "0"}
+        if self.ignored:
+            headers["X-CSR-Ignored"] = ",".join(self.ignored)
+        return headers
+
+    def body(self, done: Completion, answer: Answer) -> dict:
+        if self.chat:
+            message = {"role": "assistant", "content": answer.content}
+            if answer.tool_call is not None:
+                message["tool_calls"] = [answer.tool_call.as_dict()]
+            choice = {"index": 0, "message": message, "finish_reason": answer.finish_reason,
+                      "logprobs": None}
+        else:
+            choice = {"index": 0, "text": done.text, "finish_reason": done.finish_reason,
+                      "logprobs": None}
+        return {"id": self.ident, "object": "chat.completion" if self.chat
+                else "text_completion", "created": self.created, "model": self.model,
+                "choices": [choice], "usage": _usage(done), "csr": _csr(done, answer)}
+
+    def first_event(self) -> str:
+        """Chat streams open with the assistant's role."""
+        return self._event([self._delta({"role": "assistant", "content": ""})])
+
+    def piece_event(self, piece: str) -> str:
+        return self._event([self._delta({"content": piece})] if self.chat
+                           else [self._text(piece)])
+
+    def last_events(self, done: Completion, answer: Answer, pieces: AnswerStream):
+        """The rest of the content (or the call), the finish, usage if asked, [DONE]."""
+        if answer.tool_call is not None:
+            call = {"index": 0, **answer.tool_call.as_dict()}
+            yield self._event([self._delta({"tool_calls": [call]})])
+        else:
+            rest = pieces.finish(answer.content)
+            if rest:
+                yield self.piece_event(rest)
+        finish = (self._delta({}, answer.finish_reason) if self.chat
+                  else self._text("", answer.finish_reason))
+        yield self._event([finish], csr=_csr(done, answer))
+        if self.include_usage:
+            yield self._event([], usage=_usage(done))
+        yield "data: [DONE]\n\n"
+
+    def error_event(self, exc: BaseException) -> str:
+        status, kind = _status_of(exc)
+        log.warning("stream of %s ended by an error (%d): %s", self.ident, status, exc)
+        return (f"data: {json.dumps(_error_body(exc, kind))}\n\n"
+                "data: [DONE]\n\n")
+
+    def _event(self, choices: list, **extra) -> str:
+        payload = {"id": self.ident, "object": "chat.completion.chunk" if self.chat
+                   else "text_completion", "created": self.created, "model": self.model,
                    "choices": choices, **extra}
-        if include_usage and "usage" not in extra:
+        if self.include_usage and "usage" not in extra:
             payload["usage"] = None
         return f"data: {json.dumps(payload)}\n\n"
 
-    def delta(content: str | None = None, role: str | None = None,
-              finish: str | None = None) -> dict:
-        if chat:
-            d = {} if content is None else {"content": content}
-            if role:
-                d["role"] = role
-            return {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
-        return {"index": 0, "text": content or "", "finish_reason": finish, "logprobs": None}
+    @staticmethod
+    def _delta(delta: dict, finish: str | None = None) -> dict:
+        return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
 
-    if chat:
-        yield event([delta("", role="assistant")], csr=done.csr_fields())
-    for piece in pieces:
-        yield event([delta(piece)])
-    yield event([delta(finish=done.finish_reason)], **({} if chat else
-                                                     {"csr": done.csr_fields()}))
-    if include_usage:
-        yield event([], usage=_usage(done))
-    yield "data: [DONE]\n\n"
+    @staticmethod
+    def _text(text: str, finish: str | None = None) -> dict:
+        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+
+
+def _csr(done: Completion, answer: Answer) -> dict:
+    fields = done.csr_fields()
+    if answer.error:
+        fields["not_a_call"] = answer.error
+    return fields
 
 
 def _usage(done: Completion) -> dict:
@@ -201,16 +308,23 @@ _STATUS = ((GatewayBusyError, 429, "rate_limit_error"),
            (ResourceError, 503, "server_error"))
 
 
-async def _error_response(request: Request, exc: Exception) -> JSONResponse:
-    status, kind = 500, "server_error"
+def _status_of(exc: BaseException) -> tuple[int, str]:
     for cls, code, name in _STATUS:
         if isinstance(exc, cls):
-            status, kind = code, name
-            break
+            return code, name
+    return 500, "server_error"
+
+
+def _error_body(exc: BaseException, kind: str) -> dict:
+    return {"error": {"message": str(exc), "type": kind, "param": None,
+                      "code": type(exc).__name__}}
+
+
+async def _error_response(request: Request, exc: Exception) -> JSONResponse:
+    status, kind = _status_of(exc)
     (log.info if status < 500 else log.warning)("%s %s: %d %s", request.method,
                                                 request.url.path, status, exc)
-    return JSONResponse({"error": {"message": str(exc), "type": kind, "param": None,
-                                   "code": type(exc).__name__}}, status_code=status)
+    return JSONResponse(_error_body(exc, kind), status_code=status)
 
 
 class ServerThread:

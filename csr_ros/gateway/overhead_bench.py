@@ -13,8 +13,8 @@ other; the first, untimed repeat asks both the same message and checks the answe
 
 Both sides use the same resource and its cache, so the difference is what the gateway adds:
 HTTP and JSON, the session's prefix check, tokenizing the dynamic part, the reconciler's
-routing. Answers are `max_tokens` long (default 1): the gateway streams an answer once it is
-decoded, so a longer answer would add its decode time to the gateway's side only.
+routing. Answers are `max_tokens` long (default 1): TTFT is the figure compared, and the
+gateway streams each piece as it is decoded.
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@
         extends  → reconciler.add_chunk(m) for each new message, then reconciler.query(dynamic)
         new version → a new state holding the whole history, a new Reconciler on the same
                       resources (the old one finished and closed first), then the query
+        on_start(Started) once the messages are held; on_text(text so far) as it is decoded
+
+A caller that stops following the answer (a streaming client that went away) raises from
+`on_text`: the decode stops between two tokens, the messages appended stay (the next request
+extends them), and complete() raises QueryCancelledError.
 
 ASR runs inside each session's Reconciler as it does in the nodes: when the history reaches
 `tau_mem_tokens`, old chunks are evicted on the secondary in the background and swapped in;
@@ -25,8 +30,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from csr_ros.errors import ConfigError, GatewayBusyError, GatewayRequestError, \
-    ResourceUnavailableError
+from csr_ros.actions import OutputConstraint
+from csr_ros.errors import (ConfigError, GatewayBusyError, GatewayRequestError,
+                            QueryCancelledError, ResourceUnavailableError)
 from csr_ros.gateway.session import Plan, Prompt, Transcript, lru_victim
 from csr_ros.layout import Layout
 from csr_ros.reconcile.driver import Reconciler
@@ -117,6 +123,18 @@ class GatewayConfig:
 
 
 @dataclass(frozen=True)
+class Started:
+    """A request's messages are held (appended, or a new version loaded); its query begins."""
+
+    session: str
+    version: int
+    new_version: bool
+    reason: str
+    n_appended: int
+    n_held: int
+
+
+@dataclass(frozen=True)
 class Completion:
     """One answer, with the accounting a client sees in `usage` and in the `csr` field."""
 
@@ -160,6 +178,9 @@ class _Session:
     reconciler: Reconciler | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     in_flight: int = 0                 # under the gateway's lock
+    decoding: bool = False             # a query of this session is being decoded
+    decoded_chars: int = 0             # its answer's text so far
+    cancelled: int = 0                 # queries stopped because the caller went away
 
     def close(self) -> None:
         if self.reconciler is not None:
@@ -182,8 +203,13 @@ class Gateway:
     # -- the one entry point ---------------------------------------------------------------
 
     def complete(self, key: str, prompt: Prompt, *, max_tokens: int | None = None,
-                 stop: Sequence[str] = ()) -> Completion:
-        max_tokens = self._check_max_tokens(max_tokens)
+                 stop: Sequence[str] = (), constraint: OutputConstraint | None = None,
+                 on_start: Callable[[Started], None] | None = None,
+                 on_text: Callable[[str], None] | None = None) -> Completion:
+        """Answer `prompt` in session `key`. `constraint`: the grammar the answer is decoded
+        under (tools, response_format); such an answer is complete when its grammar ends, so
+        its default budget is the largest (reserve_tokens) rather than default_max_tokens."""
+        max_tokens = self._check_max_tokens(max_tokens, constrained=constraint is not None)
         session = self._acquire(key)
         try:
             with session.lock:
@@ -197,9 +223,12 @@ class Gateway:
                         session.reconciler.add_chunk(text, source=prompt.kind,
                                                      stamp_ns=time.time_ns())
                         session.transcript.appended(text)
-                outcome = session.reconciler.query(plan.dynamic, max_new_tokens=max_tokens,
-                                                   stop=tuple(stop))
                 version = session.transcript.version
+                if on_start is not None:
+                    on_start(Started(key, version, plan.new_version, plan.reason,
+                                     len(plan.append), plan.n_held))
+                outcome = self._query(session, plan.dynamic, max_tokens=max_tokens, stop=stop,
+                                      constraint=constraint, on_text=on_text)
         finally:
             self._release(session)
         if not outcome.ok:
@@ -219,6 +248,28 @@ class Gateway:
             state_version=int(request.version), n_static=request.n_static,
             n_dynamic=request.n_dynamic, i_star=request.i_star, resource=outcome.resource)
 
+    def _query(self, session: _Session, dynamic: str, *, max_tokens: int,
+               stop: Sequence[str], constraint: OutputConstraint | None,
+               on_text: Callable[[str], None] | None):
+        """Under the session's lock: the reconciler's query, followed in `session`'s stats."""
+        def follow(text: str) -> None:
+            session.decoded_chars = len(text)
+            if on_text is not None:
+                on_text(text)
+
+        session.decoding, session.decoded_chars = True, 0
+        try:
+            return session.reconciler.query(dynamic, max_new_tokens=max_tokens,
+                                            stop=tuple(stop), constraint=constraint,
+                                            on_text=follow)
+        except QueryCancelledError as exc:
+            session.cancelled += 1
+            log.info("session %r: the decode stopped after %d characters (%s); the messages "
+                     "are kept", session.key, session.decoded_chars, exc)
+            raise
+        finally:
+            session.decoding = False
+
     # -- sessions --------------------------------------------------------------------------
 
     def session_stats(self) -> list[dict]:
@@ -228,7 +279,9 @@ class Gateway:
         for s in sessions:
             row = {"session": s.key, "version": s.transcript.version,
                    "new_versions": s.transcript.new_versions,
-                   "messages": len(s.transcript.items), "in_flight": s.in_flight}
+                   "messages": len(s.transcript.items), "in_flight": s.in_flight,
+                   "decoding": s.decoding, "decoded_chars": s.decoded_chars,
+                   "cancelled": s.cancelled}
             if s.reconciler is not None:
                 row["reconciler"] = {k: _finite(v) for k, v in s.reconciler.snapshot().items()}
             rows.append(row)
@@ -238,14 +291,6 @@ class Gateway:
         with self._lock:
             session = self._sessions.get(key)
         return None if session is None else session.reconciler
-
-    def decoder(self, key: str) -> Callable[[Sequence[int]], str] | None:
-        """The session's tokenizer's decode (to stream an answer token by token)."""
-        with self._lock:
-            session = self._sessions.get(key)
-        if session is None or session.backend is None:
-            return None
-        return session.backend.tokenizer.decode
 
     def close(self) -> None:
         with self._lock:
@@ -318,10 +363,10 @@ class Gateway:
         session.reconciler = reconciler
         reconciler.start(timeout_s=self.config.start_timeout_s)
 
-    def _check_max_tokens(self, max_tokens: int | None) -> int:
-        if max_tokens is None:
-            return self.config.default_max_tokens
+    def _check_max_tokens(self, max_tokens: int | None, *, constrained: bool) -> int:
         limit = self.config.reconcile.reserve_tokens
+        if max_tokens is None:
+            return limit if constrained else self.config.default_max_tokens
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) \
                 or not 1 <= max_tokens <= limit:
             msg = (f"max_tokens must be an integer 1..{limit} (the gateway's reserve_tokens), "

@@ -27,7 +27,7 @@ Pure: no sockets, no threads, no models.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from csr_ros.errors import GatewayRequestError
 
@@ -221,25 +221,3 @@ def _line(role: str, name: str | None, content: str) -> str:
     who = role if not name else f"{role} ({name})"
     return f"{who}: {content.strip()}"
 
-
-def stream_pieces(decode: Callable[[Sequence[int]], str], token_ids: Sequence[int],
-                  text: str) -> list[str]:
-    """The answer as streamed pieces, one per token where its text is whole, joining to `text`.
-
-    A token that ends inside a multi-byte character waits for the next one; whatever the
-    decoded prefix and `text` disagree on (a stop string cut off) is left out of the pieces
-    and the rest of `text` comes as the last piece.
-    """
-    pieces: list[str] = []
-    emitted = ""
-    for k in range(1, len(token_ids) + 1):
-        prefix = decode(token_ids[:k])
-        if prefix.endswith("\ufffd") or not prefix.startswith(emitted) \
-                or not text.startswith(prefix):
-            continue
-        if len(prefix) > len(emitted):
-            pieces.append(prefix[len(emitted):])
-            emitted = prefix
-    if len(text) > len(emitted):
-        pieces.append(text[len(emitted):])
-    return pieces
