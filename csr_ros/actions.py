@@ -357,6 +357,15 @@ class Vocabulary:
         spec = next((s for s in self.actions if s.args), self.actions[0])
         return f"{spec.name}({', '.join(_example_value(a) for a in spec.args)})"
 
+    def call_text(self, action: Action) -> str:
+        """`action` written as the grammar writes it (enumeration values bare where they can
+        be, as in `choices()`): what the model sees of a past decision, so that it reads as
+        the ones it decodes. `parse_decision` reads it back as `action`."""
+        spec = self._spec(action.name)
+        values = [_render_enum(str(value)) if arg.kind == "enum" else _render_value(value)
+                  for arg, (_, value) in zip(spec.args, action.args)]
+        return f"{spec.name}({', '.join(values)})"
+
     def gbnf(self) -> str:
         """The decision grammar in GBNF (llama.cpp's grammar format)."""
         self._check_bound("a grammar")

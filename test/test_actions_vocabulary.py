@@ -163,3 +163,18 @@ def test_every_rendered_action_parses_back_to_itself(room, text, degrees, fast):
 
         call = Action(name, args, "").call()
         assert vocab.parse_decision(call).args == args
+
+
+@settings(max_examples=200, deadline=None)
+@given(room=_word, text=_text, degrees=st.integers(-10**8, 10**8), fast=st.booleans())
+def test_a_decision_written_as_the_grammar_writes_it_parses_back_and_bare_where_it_can(
+        room, text, degrees, fast):
+    vocab = Vocabulary.parse([f"go_to(room: {room}|elsewhere)", "say(text: str)",
+                              "turn(degrees: int, fast: bool)", "wait()"])
+    for name, args in (("go_to", (("room", room),)), ("say", (("text", text),)),
+                       ("turn", (("degrees", degrees), ("fast", fast))), ("wait", ())):
+        from csr_ros.actions import Action
+
+        written = vocab.call_text(Action(name, args, ""))
+        assert vocab.parse_decision(written).args == args
+    assert vocab.call_text(vocab.parse_decision('go_to("elsewhere")')) == "go_to(elsewhere)"
