@@ -89,7 +89,7 @@ def test_planning_leaves_the_transcript_unchanged():
     (chat(("user", "c")), "the history has 0 messages, fewer than the 2"),
     (parse_chat([{"role": "system", "content": "another robot"}, {"role": "user", "content": "a"},
                  {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}],
-                default_profile=""), "the system message differs"),
+                default_profile=""), "the system message (or the tools listed after it) differs"),
     (parse_completion_prompt(f"{SYSTEM['content']}\nuser: a\nassistant: b\nuser: c"),
      "a text prompt follows chat prompts"),
 ])
@@ -129,7 +129,11 @@ def test_a_completions_prompt_that_cannot_be_split_is_refused(prompt):
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
      "not a text part"),
     ([{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
-      {"role": "user", "content": "x"}], "tools are not supported"),
+      {"role": "user", "content": "x"}], r"tool_calls\[0\] must be \{id, type"),
+    ([{"role": "assistant", "content": None, "tool_calls": "go_to"},
+      {"role": "user", "content": "x"}], "tool_calls must be a list"),
+    ([{"role": "user", "content": "x", "tool_calls": [{"id": "1"}]}],
+     "only an assistant's message has them"),
     (["just a string"], "must be an object"),
 ])
 def test_malformed_messages_are_refused_with_a_clear_error(messages, match):
@@ -160,3 +164,47 @@ def test_a_version_that_could_not_be_built_makes_the_next_prompt_start_one_again
     plan = transcript.plan(prompt)
     assert plan.new_version and plan.append == prompt.history
     assert plan.reason == "the session's previous version could not be built"
+
+
+def test_an_agents_calls_and_tool_results_are_chunks_and_its_loop_stays_append_only():
+    from csr_ros.gateway.tool_calls import parse_tools
+
+    tools = parse_tools([{"type": "function", "function": {
+        "name": "go_to", "description": "Drive to a room.",
+        "parameters": {"type": "object", "properties": {
+            "room": {"type": "string", "enum": ["kitchen", "living room"]}}}}}])
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "go_to", "arguments": '{"room": "living room"}'}}
+    turn = [SYSTEM, {"role": "user", "content": "Go to the living room."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "arrived"}]
+    first = parse_chat(turn, default_profile="unused", tools=tools)
+    assert first.profile.startswith(SYSTEM["content"] + "\n\nTools: ")
+    assert "- go_to(room): Drive to a room." in first.profile
+    assert first.history == ("user: Go to the living room.",
+                             'assistant: go_to("living room")')
+    assert first.dynamic == "tool (go_to): arrived"
+    transcript = Transcript()
+    held(transcript, first)
+    turn += [{"role": "assistant", "content": "I am in the living room."},
+             {"role": "user", "content": "Thanks."}]
+    plan = transcript.plan(parse_chat(turn, default_profile="unused", tools=tools))
+    assert not plan.new_version and plan.n_held == 2
+    assert plan.append == ("tool (go_to): arrived", "assistant: I am in the living room.")
+    # other tools are another profile: a new version, and it says why
+    other = parse_chat(turn, default_profile="unused", tools=None)
+    assert "tools listed after it" in transcript.plan(other).reason
+
+
+def test_calls_with_content_several_calls_and_unknown_results_are_written_plainly():
+    calls = [{"id": "a", "type": "function", "function": {"name": "look", "arguments": "{}"}},
+             {"id": "b", "type": "function",
+              "function": {"name": "say", "arguments": '{"text": "hi"}'}}]
+    prompt = parse_chat([{"role": "user", "content": "x"},
+                         {"role": "assistant", "content": "Let me see.", "tool_calls": calls},
+                         {"role": "tool", "tool_call_id": "b", "content": "said"},
+                         {"role": "tool", "tool_call_id": "zzz", "content": ""}],
+                        default_profile="p")
+    assert prompt.history == ("user: x", 'assistant: Let me see. look({}); say({"text":"hi"})',
+                              "tool (say): said")
+    assert prompt.dynamic == "tool:"

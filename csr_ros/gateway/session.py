@@ -9,8 +9,13 @@ the transcript it has appended as chunks, and splits each new prompt against it:
                   profile  ───── history ──  dynamic
 
 - Every history message becomes one chunk (its text: `role: content`), appended once, in
-  order, the first time a prompt carries it; the last message (the new user turn) is the
-  dynamic part of this query, rebuilt each time.
+  order, the first time a prompt carries it; the last message (the new user turn, or a tool's
+  result) is the dynamic part of this query, rebuilt each time.
+- An agent's loop stays append-only: an assistant message's `tool_calls` are one chunk,
+  `assistant: go_to(kitchen)` (each call as the tools' grammar writes it, tool_calls.py;
+  several joined by `; `, after the message's content if it has any), and a tool's result is
+  `tool (go_to): <content>`, the function named by its `tool_call_id`. The request's tools
+  are listed after the system message, in the profile.
 - A prompt *extends* the session when its profile is the one held and its history starts with
   every message held: only the messages after them are appended (`Plan.append`).
 - Anything else (an edited or dropped message, another system message, a shorter history)
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from csr_ros.errors import GatewayRequestError
+from csr_ros.gateway.tool_calls import ToolSet, plain_call_line
 
 SYSTEM_ROLES = ("system", "developer")
 ROLES = SYSTEM_ROLES + ("user", "assistant", "tool")
@@ -105,7 +111,8 @@ class Transcript:
         if prompt.kind != self.kind:
             return f"a {prompt.kind} prompt follows {self.kind} prompts in this session"
         if prompt.profile != self.profile:
-            return "the system message differs from the one the session holds"
+            return ("the system message (or the tools listed after it) differs from the one "
+                    "the session holds")
         n = len(self.items)
         if len(prompt.history) < n:
             return (f"the history has {len(prompt.history)} messages, fewer than the {n} the "
@@ -118,11 +125,13 @@ class Transcript:
 
 # -- parsing requests -------------------------------------------------------------------------
 
-def parse_chat(messages: Any, *, default_profile: str) -> Prompt:
-    """`messages` of a /v1/chat/completions body → Prompt (GatewayRequestError if malformed)."""
+def parse_chat(messages: Any, *, default_profile: str, tools: ToolSet | None = None) -> Prompt:
+    """`messages` of a /v1/chat/completions body → Prompt (GatewayRequestError if malformed);
+    `tools` (the request's) are listed in the profile and write the history's calls."""
     if not isinstance(messages, list) or not messages:
         raise GatewayRequestError("'messages' must be a non-empty list of {role, content}")
-    parsed = [_message(i, m) for i, m in enumerate(messages)]
+    called: dict[str, str] = {}                # tool_call_id -> function name, so far
+    parsed = [_message(i, m, tools, called) for i, m in enumerate(messages)]
     n_system = 0
     while n_system < len(parsed) and parsed[n_system][0] in SYSTEM_ROLES:
         n_system += 1
@@ -136,6 +145,8 @@ def parse_chat(messages: Any, *, default_profile: str) -> Prompt:
                "message; continuing an assistant message is not supported")
         raise GatewayRequestError(msg)
     profile = "\n".join(system) if system else default_profile
+    if tools is not None:
+        profile += "\n\n" + tools.profile_text()
     lines = tuple(_line(role, name, content) for role, name, content in rest)
     return Prompt(profile=profile, history=lines[:-1], dynamic=lines[-1])
 
@@ -184,21 +195,55 @@ def lru_victim(keys_oldest_first: Sequence[str], busy: set[str]) -> str | None:
     return None
 
 
-def _message(i: int, message: Any) -> tuple[str, str | None, str]:
+def _message(i: int, message: Any, tools: ToolSet | None,
+             called: dict[str, str]) -> tuple[str, str | None, str]:
     if not isinstance(message, Mapping):
         raise GatewayRequestError(f"messages[{i}] must be an object with 'role' and 'content'")
     role = message.get("role")
     if role not in ROLES:
         raise GatewayRequestError(f"messages[{i}].role must be one of {ROLES}, got {role!r}")
-    if message.get("tool_calls"):
-        raise GatewayRequestError(f"messages[{i}] has tool_calls: tools are not supported")
-    content = _content_text(i, message.get("content"))
-    if not content.strip():
+    calls = message.get("tool_calls")
+    if calls and role != "assistant":
+        raise GatewayRequestError(f"messages[{i}] has tool_calls: only an assistant's message "
+                                  "has them")
+    content = message.get("content")
+    content = "" if content is None and (calls or role == "tool") else \
+        _content_text(i, content)
+    if calls:
+        written = "; ".join(_call_line(i, j, call, tools, called)
+                            for j, call in enumerate(_list(i, calls)))
+        content = f"{content.strip()} {written}" if content.strip() else written
+    if not content.strip() and role != "tool":
         raise GatewayRequestError(f"messages[{i}].content is empty: nothing to append")
     name = message.get("name")
     if name is not None and (not isinstance(name, str) or "\n" in name):
         raise GatewayRequestError(f"messages[{i}].name must be a one-line string")
+    if role == "tool" and name is None:
+        name = called.get(message.get("tool_call_id"))    # None: a result of no known call
     return role, name, content
+
+
+def _list(i: int, calls: Any) -> list:
+    if not isinstance(calls, list):
+        raise GatewayRequestError(f"messages[{i}].tool_calls must be a list")
+    return calls
+
+
+def _call_line(i: int, j: int, call: Any, tools: ToolSet | None,
+               called: dict[str, str]) -> str:
+    """One call of an assistant's message, as the model reads it; its id is remembered for
+    the tool message that answers it."""
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str) or \
+            not function["name"]:
+        raise GatewayRequestError(f"messages[{i}].tool_calls[{j}] must be {{id, type: "
+                                  "'function', function: {name, arguments}}")
+    name, arguments = function["name"], function.get("arguments") or "{}"
+    if isinstance(call.get("id"), str):
+        called[call["id"]] = name
+    if tools is None:
+        return plain_call_line(name, arguments)
+    return tools.call_line(name, arguments)
 
 
 def _content_text(i: int, content: Any) -> str:
@@ -219,5 +264,5 @@ def _content_text(i: int, content: Any) -> str:
 
 def _line(role: str, name: str | None, content: str) -> str:
     who = role if not name else f"{role} ({name})"
-    return f"{who}: {content.strip()}"
+    return f"{who}: {content.strip()}".rstrip()
 
