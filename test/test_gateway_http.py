@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from csr_ros.gateway.client_bench import TOOLS, check_call, tool_requests
 from csr_ros.servers import LOOPBACK, ManagedServer, free_port
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -21,30 +26,52 @@ SYSTEM = {"role": "system", "content": "You are the policy of a home robot. Answ
 
 
 class GatewayProcess:
-    def __init__(self, urls: tuple[str, str], log_path: Path, *extra: str):
+    """`csr-ros gateway` over the servers at `urls`; `env_key`: the API key it is given in
+    $CSR_ROS_API_KEY (else it runs without one, whatever this environment holds)."""
+
+    def __init__(self, urls: tuple[str, str], log_path: Path, *extra: str,
+                 env_key: str | None = None):
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         self.log_path = log_path
+        self.key = env_key
+        env = {k: v for k, v in os.environ.items() if k != "CSR_ROS_API_KEY"}
+        if env_key is not None:
+            env["CSR_ROS_API_KEY"] = env_key
         self._server = ManagedServer(
-            name=f"gateway:{self.port}", url=self.url, log_path=log_path,
+            name=f"gateway:{self.port}", url=self.url, log_path=log_path, env=env,
             command=[sys.executable, "-P", "-m", "csr_ros.cli", "gateway", "--resource",
                      "openai", "--r1", urls[0], "--r2", urls[1], "--port", str(self.port),
                      "--max-context-tokens", "4096", "--tau-mem", "3072", *extra])
 
     def __enter__(self) -> "GatewayProcess":
-        self._server.start(timeout_s=120.0)
-        return self
+        if self.key is None:
+            self._server.start(timeout_s=120.0)
+            return self
+        self._server.launch()           # every route wants the key, /health too
+        for _ in range(1200):
+            try:
+                if httpx.get(f"{self.url}/health", headers=self.auth()).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self._server.stop()
+        raise AssertionError(f"the gateway did not start: {self.log()[-2000:]}")
 
     def __exit__(self, *exc) -> None:
         self._server.stop()
 
+    def auth(self) -> dict:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
     def client(self):
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0,
-                             timeout=300.0)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key or "unused",
+                             max_retries=0, timeout=300.0)
 
     def sessions(self) -> dict:
-        return {s["session"]: s for s in httpx.get(f"{self.url}/v1/csr/sessions").json()[
-            "sessions"]}
+        return {s["session"]: s for s in httpx.get(f"{self.url}/v1/csr/sessions",
+                                                   headers=self.auth()).json()["sessions"]}
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -278,7 +305,14 @@ def test_bad_requests_get_openai_style_errors_and_leave_the_session_as_it_was(ga
     cases = [
         ({"messages": [{"role": "user", "content": ""}]}, "content is empty"),
         ({**good, "max_tokens": 100000}, "max_tokens must be an integer"),
-        ({**good, "tools": [{"type": "function"}]}, "unsupported request fields ['tools']"),
+        ({**good, "tools": [{"type": "function"}]}, "tools[0] must be {type: 'function'"),
+        ({**good, "tools": TOOLS, "tool_choice": {"type": "function",
+                                                  "function": {"name": "fly"}}},
+         "names the function 'fly', which is not in 'tools'"),
+        ({**good, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "string", "pattern": "^a"}}}},
+         "uses ['pattern'], which the gateway cannot guarantee"),
+        ({**good, "logprobs": True}, "unsupported request fields ['logprobs']"),
         ({**good, "model": "gpt-4"}, "serves the model 'csr-ros'"),
         ({**good, "n": 2}, "only n=1"),
         ({**good, "stop": [1]}, "'stop' must be"),
@@ -420,3 +454,111 @@ def test_a_dead_server_gets_503_keeps_the_messages_and_the_next_request_extends(
         csr = again.json()["csr"]
         assert not csr["new_version"] and csr["held"] == 2 and csr["appended"] == 0
         assert process.sessions()["fault"]["new_versions"] == 0
+
+
+# -- tools as typed actions --------------------------------------------------------------------
+
+def calls_of(response) -> list[dict]:
+    return [call.model_dump() for call in response.choices[0].message.tool_calls or ()]
+
+
+def test_required_tool_calls_over_a_llamacpp_server_are_always_valid_and_stream_whole(gateway):
+    client = gateway.client()
+    system = {"role": "system", "content": "You are the assistant of a home robot."}
+    for i, message in enumerate(tool_requests(16)):
+        kwargs = dict(model="csr-ros", messages=[system, {"role": "user", "content": message}],
+                      tools=TOOLS, tool_choice="required", user="tools")
+        if i % 4:
+            response = client.chat.completions.create(**kwargs)
+            (call,) = calls_of(response)
+            assert response.choices[0].finish_reason == "tool_calls"
+            assert response.choices[0].message.content is None
+        else:
+            events = list(client.chat.completions.create(**kwargs, stream=True))
+            deltas = [e.choices[0].delta for e in events if e.choices]
+            assert not any(d.content for d in deltas), "a call never streams as content"
+            (part,) = [tc for d in deltas for tc in d.tool_calls or ()]
+            call = {"id": part.id, "type": part.type, "function": part.function.model_dump()}
+            assert part.index == 0 and events[-1].choices[0].finish_reason == "tool_calls"
+        assert check_call(call, TOOLS) == "", (message, call)
+    assert gateway.sessions()["tools"]["new_versions"] == 0, "the tools stay in the prefix"
+
+
+def test_a_tool_result_is_appended_and_the_next_turn_extends_the_session(gateway):
+    client = gateway.client()
+    messages = [SYSTEM, {"role": "user", "content": "Please go to the kitchen."}]
+    first = client.chat.completions.create(model="csr-ros", messages=messages, tools=TOOLS,
+                                           tool_choice={"type": "function",
+                                                        "function": {"name": "go_to"}},
+                                           user="loop")
+    (call,) = calls_of(first)
+    assert call["function"]["name"] == "go_to" and check_call(call, TOOLS) == ""
+    room = json.loads(call["function"]["arguments"])["room"]
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call["id"], "content": f"arrived: {room}"}]
+    second = client.chat.completions.create(model="csr-ros", messages=messages, tools=TOOLS,
+                                            tool_choice="none", max_tokens=16, user="loop")
+    csr = second.model_extra["csr"]
+    assert second.choices[0].message.content and not second.choices[0].message.tool_calls
+    # the user message and the call were appended; the tool's result was the dynamic part
+    assert not csr["new_version"] and csr["appended"] == 2 and csr["held"] == 0
+    messages += [{"role": "assistant", "content": second.choices[0].message.content},
+                 {"role": "user", "content": "Now say hello."}]
+    third = client.chat.completions.create(model="csr-ros", messages=messages, tools=TOOLS,
+                                           tool_choice="required", user="loop")
+    assert not third.model_extra["csr"]["new_version"]
+    assert third.model_extra["csr"]["held"] == 2 and third.model_extra["csr"]["appended"] == 2
+    assert third.usage.prompt_tokens_details.cached_tokens >= csr["n_static"]
+    assert check_call(calls_of(third)[0], TOOLS) == ""
+    assert gateway.sessions()["loop"]["new_versions"] == 0
+
+
+def test_a_json_schema_response_format_comes_back_as_json_of_that_schema(gateway):
+    schema = {"type": "object", "properties": {
+        "room": {"type": "string", "enum": ["kitchen", "office"]},
+        "urgent": {"type": "boolean"}, "steps": {"type": "integer"}}, "required": ["room"]}
+    response = gateway.client().chat.completions.create(
+        model="csr-ros", user="json", max_tokens=48,
+        messages=[SYSTEM, {"role": "user", "content": "Where should the robot go next?"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "plan",
+                                                                "schema": schema}})
+    value = json.loads(response.choices[0].message.content)
+    assert set(value) == {"room", "urgent", "steps"} and value["room"] in ("kitchen", "office")
+    assert isinstance(value["urgent"], bool) and isinstance(value["steps"], int)
+
+
+# -- the API key -------------------------------------------------------------------------------
+
+def test_the_api_key_is_refused_or_accepted_on_every_route(llama_server, tmp_path):
+    with GatewayProcess((llama_server.url, llama_server.url), tmp_path / "gateway.log",
+                        env_key="robot-key") as process:
+        body = {"messages": [SYSTEM, {"role": "user", "content": "Hello."}], "max_tokens": 2}
+        for headers, match in (({}, "needs its API key"),
+                               ({"Authorization": "Bearer wrong"}, "not this gateway's"),
+                               ({"Authorization": "robot-key"}, "needs its API key")):
+            for method, path in (("GET", "/health"), ("GET", "/v1/models"),
+                                 ("GET", "/v1/csr/sessions"),
+                                 ("POST", "/v1/chat/completions"), ("POST", "/v1/completions")):
+                refused = httpx.request(method, f"{process.url}{path}", headers=headers,
+                                        json=body)
+                assert refused.status_code == 401, (path, headers, refused.text)
+                assert match in refused.json()["error"]["message"]
+                assert refused.json()["error"]["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{process.url}/v1", api_key="wrong",
+                          max_retries=0).models.list()
+        answer = process.client().chat.completions.create(model="csr-ros", **body)
+        assert answer.choices[0].message.content
+        assert [m.id for m in process.client().models.list()] == ["csr-ros"]
+        assert process.sessions()["default"]["messages"] == 0    # /v1/csr/sessions, keyed
+
+
+def test_a_gateway_beyond_loopback_without_a_key_refuses_to_start(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CSR_ROS_API_KEY"}
+    run = subprocess.run([sys.executable, "-P", "-m", "csr_ros.cli", "gateway", "--host",
+                          "0.0.0.0", "--port", str(free_port()), "--resource", "openai",
+                          "--r1", "http://127.0.0.1:9", "--r2", "http://127.0.0.1:9"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "--host 0.0.0.0 serves beyond this machine: give an API key" in run.stderr
+    assert "--insecure-no-auth" in run.stderr

@@ -1,6 +1,6 @@
 """The HTTP adapter: OpenAI's chat and completions endpoints over a `Gateway`.
 
-    POST /v1/chat/completions   messages → session → reconciler → answer (JSON or SSE)
+    POST /v1/chat/completions   messages (+ tools) → session → reconciler → answer or call
     POST /v1/completions        prompt (lines) → the same
     GET  /v1/models             the one served model name
     GET  /v1/csr/sessions       each session's version, new versions and reconciler counters
@@ -10,11 +10,21 @@ Starlette for routing and streaming responses, uvicorn to serve it: a small, wel
 pair that llama-cpp-python's own server already runs on (through FastAPI), so the gateway adds
 no new stack to the machines. The blocking reconciler call runs on starlette's thread pool.
 
+With an API key (`build_app(gateway, api_key=...)`: `--api-key` or $CSR_ROS_API_KEY), every
+route answers only requests that carry `Authorization: Bearer <key>`, vLLM's convention and
+what the openai client sends as its `api_key`; any other gets 401 in OpenAI's error shape.
+`check_exposure` refuses to serve beyond loopback without a key unless told to.
+
 The session is the `X-Session-Id` header, else the body's `user`. Every answer carries
 `usage` (`prompt_tokens`, `completion_tokens`, `prompt_tokens_details.cached_tokens`), a `csr`
 field (session, conversation version, whether this request started a new version and why,
 chunks appended, state version, TTFT) and the headers `X-CSR-Session`, `X-CSR-Version`,
 `X-CSR-New-Version`.
+
+A chat's `tools`, `tool_choice` and `response_format` become the grammar its answer is decoded
+under and the way it is read (tool_calls.py, answer.py): a call comes back as the message's
+`tool_calls` (one call, with an id; finish_reason "tool_calls"), in a stream as one delta that
+holds the whole call, sent once it is decoded.
 
 A stream follows the decode: the resource's `on_text` feeds an `AnswerStream` on the worker
 thread, and each piece it releases goes to the client as an SSE event while the next tokens
@@ -27,6 +37,8 @@ decode at the next token (QueryCancelledError from `on_text`); the session keeps
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import json
 import logging
 import threading
@@ -36,6 +48,8 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
@@ -46,20 +60,25 @@ from csr_ros.errors import (ChunkError, ConfigError, ContextOverflowError, CsrEr
 from csr_ros.gateway.answer import Answer, AnswerStream, Decoding, settle
 from csr_ros.gateway.service import Completion, Gateway, Started
 from csr_ros.gateway.session import parse_chat, parse_completion_prompt, session_key
+from csr_ros.gateway.tool_calls import parse_tools, plan_decoding
 
 log = logging.getLogger(__name__)
 
 #: request fields accepted and passed on; anything else not listed in IGNORED is refused
 USED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "stop", "stream",
         "stream_options", "user", "n"}
+#: and for chat: tools as typed actions (tool_calls.py). An answer holds at most one call,
+#: which both values of parallel_tool_calls allow.
+CHAT_USED = USED | {"tools", "tool_choice", "response_format", "parallel_tool_calls"}
 #: sampling fields the resources' own settings replace (named in X-CSR-Ignored)
 IGNORED = {"temperature", "top_p", "seed", "presence_penalty", "frequency_penalty",
-           "logit_bias", "metadata", "store", "parallel_tool_calls", "service_tier"}
+           "logit_bias", "metadata", "store", "service_tier"}
 #: streams being decoded on worker threads (the event loop holds tasks only weakly)
 _WORKERS: set[asyncio.Future] = set()
 
 
-def build_app(gateway: Gateway) -> Starlette:
+def build_app(gateway: Gateway, *, api_key: str | None = None) -> Starlette:
+    """The routes over `gateway`; with `api_key`, each one asks for it (module docstring)."""
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
@@ -74,12 +93,15 @@ def build_app(gateway: Gateway) -> Starlette:
                              "sessions_closed": gateway.sessions_closed})
 
     async def chat(request: Request):
-        body = await _body(request)
-        prompt = parse_chat(body.get("messages"), default_profile=gateway.config.default_profile)
-        return await _answer(gateway, request, body, prompt, chat=True)
+        body = await _body(request, CHAT_USED)
+        tools = parse_tools(body.get("tools"))
+        decoding = plan_decoding(tools, body.get("tool_choice"), body.get("response_format"))
+        prompt = parse_chat(body.get("messages"), default_profile=gateway.config.default_profile,
+                            tools=tools)
+        return await _answer(gateway, request, body, prompt, chat=True, decoding=decoding)
 
     async def completions(request: Request):
-        body = await _body(request)
+        body = await _body(request, USED)
         prompt = parse_completion_prompt(body.get("prompt"))
         return await _answer(gateway, request, body, prompt, chat=False)
 
@@ -87,7 +109,54 @@ def build_app(gateway: Gateway) -> Starlette:
               Route("/v1/csr/sessions", sessions),
               Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"])]
-    return Starlette(routes=routes, exception_handlers={CsrError: _error_response})
+    middleware = [Middleware(_RequireKey, api_key=api_key)] if api_key else []
+    return Starlette(routes=routes, middleware=middleware,
+                     exception_handlers={CsrError: _error_response})
+
+
+def check_exposure(host: str, api_key: str | None, *, insecure_no_auth: bool = False) -> None:
+    """ConfigError when `host` reaches beyond this machine and no key guards it: a robot's
+    gateway on its network would otherwise serve anyone who finds the port."""
+    if api_key or insecure_no_auth or _is_loopback(host):
+        return
+    raise ConfigError(f"--host {host} serves beyond this machine: give an API key (--api-key "
+                      "KEY or $CSR_ROS_API_KEY; clients send it as `Authorization: Bearer KEY`, "
+                      "the openai client's api_key), or pass --insecure-no-auth to serve "
+                      "without one")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False                    # a name: it may resolve anywhere
+
+
+class _RequireKey:
+    """ASGI middleware: a request without `Authorization: Bearer <api_key>` gets 401."""
+
+    def __init__(self, app, *, api_key: str):
+        self.app = app
+        self._key = api_key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or \
+                    not hmac.compare_digest(token.strip().encode(), self._key):
+                message = ("this gateway needs its API key: send `Authorization: Bearer <key>` "
+                           "(the openai client's api_key)" if not token else
+                           "the API key sent is not this gateway's")
+                log.info("%s %s: 401 %s", scope.get("method"), scope.get("path"), message)
+                response = JSONResponse(
+                    {"error": {"message": message, "type": "invalid_request_error",
+                               "param": None, "code": "invalid_api_key"}},
+                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _answer(gateway: Gateway, request: Request, body: dict, prompt, *, chat: bool,
@@ -263,17 +332,18 @@ def _usage(done: Completion) -> dict:
             "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
 
 
-async def _body(request: Request) -> dict:
+async def _body(request: Request, used: set[str]) -> dict:
     try:
         body = json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise GatewayRequestError(f"the request body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise GatewayRequestError("the request body must be a JSON object")
-    unknown = sorted(set(body) - USED - IGNORED)
+    unknown = sorted(set(body) - used - IGNORED)
     if unknown:
-        msg = (f"unsupported request fields {unknown}: the gateway answers text only (no "
-               "tools, logprobs, response formats or batches)")
+        also = "" if used is CHAT_USED else " (tools and response formats are chat's)"
+        msg = (f"unsupported request fields {unknown}: the gateway does not answer with "
+               f"logprobs, audio, several choices or legacy functions{also}")
         raise GatewayRequestError(msg)
     return body
 

@@ -3,24 +3,33 @@
     csr-ros gateway --port 8000                          # local engines in worker processes
     csr-ros gateway --resource openai --r1 URL --r2 URL  # OpenAI-compatible servers
     csr-ros gateway --bench --json out/gateway.json      # TTFT through it against direct
+    csr-ros gateway --bench stream                       # first streamed piece against last
+    csr-ros gateway --bench tools --requests 100         # valid tool calls, required and auto
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from csr_ros.gateway.service import GatewayConfig
 from csr_ros.reconcile.machine import ReconcileConfig
+from csr_ros.resources.http_errors import API_KEY_ENV
 from csr_ros.stream_defaults import GATEWAY
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    a("--host", default="127.0.0.1", help="address to listen on (default: loopback only; "
+      "beyond it an API key is needed, or --insecure-no-auth)")
     a("--port", type=int, default=8000)
+    a("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+      help=f"every request must carry `Authorization: Bearer KEY` (default: ${API_KEY_ENV})")
+    a("--insecure-no-auth", action="store_true",
+      help="serve beyond loopback without an API key (anyone who reaches the port is served)")
     a("--resource", choices=("local", "openai"), default="local",
       help="local: two in-process engines per session, each in a worker process; openai: "
            "two OpenAI-compatible servers (--r1, --r2), shared by the sessions")
@@ -43,17 +52,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--default-max-tokens", type=int, default=GATEWAY.max_new_tokens)
     a("--profile", default="You are a helpful assistant.",
       help="the system message of a chat that sends none")
-    a("--bench", action="store_true",
-      help="measure TTFT through the gateway against the same queries sent to the resource")
+    a("--bench", nargs="?", const="overhead", choices=("overhead", "stream", "tools"),
+      help="overhead (the default): TTFT through the gateway against the same queries sent "
+           "to the resource; stream: a streamed answer's first piece against its last; "
+           "tools: how many tool calls come back valid")
     a("--n", type=int, default=4096, help="--bench: history tokens")
     a("--m", type=int, default=32, help="--bench: dynamic tokens")
     a("--repeats", type=int, default=10, help="--bench: queries per side")
-    a("--bench-max-tokens", type=int, default=1, help="--bench: tokens per answer")
+    a("--bench-max-tokens", type=int, default=None,
+      help="--bench: tokens per answer (overhead: 1, stream: 64)")
+    a("--requests", type=int, default=100, help="--bench tools: requests per tool_choice")
+    a("--tool-choices", default="required,auto", help="--bench tools: which, comma-separated")
     a("--json", type=Path, help="--bench: write the figures here")
 
 
 def run(args: argparse.Namespace) -> int:
+    from csr_ros.gateway.app import check_exposure
     from csr_ros.gateway.service import backend_factory
+
+    if not args.bench:
+        check_exposure(args.host, args.api_key, insecure_no_auth=args.insecure_no_auth)
 
     config = GatewayConfig(
         reconcile=ReconcileConfig(tau_mem_tokens=args.tau_mem,
@@ -76,19 +94,37 @@ def run(args: argparse.Namespace) -> int:
     gateway = Gateway(factory, config)
     try:
         print(f"csr-ros gateway: http://{args.host}:{args.port}/v1 ({args.resource}, at most "
-              f"{args.max_sessions} sessions)", file=sys.stderr, flush=True)
-        uvicorn.run(build_app(gateway), host=args.host, port=args.port, log_level="warning")
+              f"{args.max_sessions} sessions, "
+              f"{'API key required' if args.api_key else 'no API key'})", file=sys.stderr,
+              flush=True)
+        uvicorn.run(build_app(gateway, api_key=args.api_key), host=args.host, port=args.port,
+                    log_level="warning")
     finally:
         gateway.close()
     return 0
 
 
 def _bench(args: argparse.Namespace, config: GatewayConfig, factory) -> int:
-    from csr_ros.gateway.overhead_bench import format_summary, run_bench
+    progress = lambda message: print(message, file=sys.stderr, flush=True)   # noqa: E731
+    if args.bench == "overhead":
+        from csr_ros.gateway.overhead_bench import format_summary, run_bench
 
-    summary = run_bench(factory, config, n_tokens=args.n, m_tokens=args.m,
-                        repeats=args.repeats, max_tokens=args.bench_max_tokens,
-                        progress=lambda message: print(message, file=sys.stderr, flush=True))
+        summary = run_bench(factory, config, n_tokens=args.n, m_tokens=args.m,
+                            repeats=args.repeats, max_tokens=args.bench_max_tokens or 1,
+                            progress=progress)
+    elif args.bench == "stream":
+        from csr_ros.gateway.client_bench import format_stream, run_stream_bench
+
+        summary = run_stream_bench(factory, config, max_tokens=args.bench_max_tokens or 64,
+                                   repeats=args.repeats, progress=progress)
+        format_summary = format_stream
+    else:
+        from csr_ros.gateway.client_bench import format_tools, run_tools_bench
+
+        choices = tuple(c.strip() for c in args.tool_choices.split(",") if c.strip())
+        summary = run_tools_bench(factory, config, n=args.requests, choices=choices,
+                                  progress=progress)
+        format_summary = format_tools
     summary.update(resource=args.resource, model=args.model, dtype=args.dtype,
                    threads=args.threads, r1=args.r1, argv=sys.argv[1:])
     print(format_summary(summary))
