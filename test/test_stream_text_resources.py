@@ -62,6 +62,26 @@ def test_the_local_engine_hands_on_the_text_after_every_token(smollm2):
     assert resource.query(request, max_new_tokens=12).token_ids == answer.token_ids
 
 
+def test_the_llamacpp_engine_in_process_hands_on_the_text_after_every_token(tokenizer):
+    pytest.importorskip("llama_cpp")
+    from csr_ros.resources.local import LocalResource
+
+    resource = LocalResource("smollm2", name="r1", backend="llamacpp", threads=1,
+                             max_context_tokens=1024)
+    try:
+        state, request = request_of(resource.engine.tokenizer)
+        resource.load(request.static_ids)
+        texts: list[str] = []
+        answer = resource.query(request, max_new_tokens=12, on_text=texts.append)
+        assert len(texts) == answer.n_generated == 12
+        assert_grows_into(texts, answer.text)
+        with pytest.raises(QueryCancelledError, match="after 3 texts"):
+            resource.query(request, max_new_tokens=200, on_text=stop_after(3, []))
+        assert resource.query(request, max_new_tokens=12).token_ids == answer.token_ids
+    finally:
+        resource.close()
+
+
 @pytest.mark.slow
 def test_a_worker_process_streams_the_text_across_its_pipe_and_obeys_a_stop(tokenizer):
     from csr_ros.resources.process import ProcessResource
