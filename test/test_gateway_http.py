@@ -16,6 +16,7 @@ import pytest
 
 from csr_ros.gateway.client_bench import TOOLS, check_call, tool_requests
 from csr_ros.servers import LOOPBACK, ManagedServer, free_port
+from gateway_clients import follow_stream, leave_after_first_piece, wait_until_idle
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 openai = pytest.importorskip("openai")
@@ -159,13 +160,7 @@ def test_streamed_pieces_reach_the_openai_client_while_the_server_still_decodes(
         model="csr-ros", messages=[SYSTEM, {"role": "user", "content": COUNT}], max_tokens=64,
         stream=True, stream_options={"include_usage": True},
         extra_headers={"X-Session-Id": "live"})
-    pieces: list[str] = []
-    during = None
-    for event in stream:
-        if event.choices and event.choices[0].delta.content:
-            pieces.append(event.choices[0].delta.content)
-            if during is None:     # asked once the first piece is in the client's hands
-                during = gateway.sessions()["live"]
+    pieces, during, event = follow_stream(stream, lambda: gateway.sessions()["live"])
     # the order of events: a piece had arrived while the gateway was still decoding, and the
     # text it had decoded then was shorter than the answer that came after
     assert during["decoding"] is True and during["in_flight"] == 1
@@ -180,21 +175,12 @@ def test_a_client_that_disconnects_mid_stream_stops_the_decode_and_the_session_g
     messages = [SYSTEM, {"role": "user", "content": "Ana and Ben are in the kitchen."},
                 {"role": "assistant", "content": "say(hello)"},
                 {"role": "user", "content": COUNT}]
-    body = {"messages": messages, "max_tokens": 200, "stream": True}
-    with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=300.0,
-                      headers={"X-Session-Id": "gone"}) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if '"content": "' in line and '"content": ""' not in line:
-                break              # the first piece: the client leaves here
-    for _ in range(600):           # until the gateway has seen it go (bounded)
-        session = gateway.sessions()["gone"]
-        if not session["in_flight"]:
-            break
-        threading.Event().wait(0.1)
+    body = {"messages": messages, "max_tokens": 200}
+    leave_after_first_piece(gateway.url, body, {"X-Session-Id": "gone"})
+    session = wait_until_idle(lambda: gateway.sessions()["gone"])
     assert session["cancelled"] == 1, "the decode stopped before its end"
     assert session["decoding"] is False and session["messages"] == 2
-    full = post(gateway, "/v1/chat/completions", {**body, "stream": False}, session="gone")
+    full = post(gateway, "/v1/chat/completions", body, session="gone")
     assert full.status_code == 200, full.text
     csr = full.json()["csr"]
     # the session held what it had appended: the resend extends it, nothing is appended again
