@@ -50,7 +50,6 @@ COUNT = "Count from 1 to 300, one number after the other, separated by commas."
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     """An in-process gateway (loopback, API key) over local engines in worker processes."""
-    pytest.importorskip("openai")
     from csr_ros.gateway.app import ServerThread, build_app
     from csr_ros.gateway.service import Gateway, GatewayConfig, backend_factory
     from csr_ros.reconcile.machine import ReconcileConfig
@@ -135,7 +134,6 @@ def test_required_tool_calls_on_the_default_model_are_always_valid(local):
 
 
 def test_langchain_parses_the_calls_and_a_two_step_agent_loop_runs(local):
-    pytest.importorskip("langchain_openai")
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -183,7 +181,6 @@ def test_langchain_parses_the_calls_and_a_two_step_agent_loop_runs(local):
 
 
 def test_the_langchain_agent_of_the_docs_runs_as_a_user_would_copy_it(local):
-    pytest.importorskip("langchain_openai")
     import os
     import re
     from pathlib import Path
