@@ -217,6 +217,7 @@ async def _stream(gateway: Gateway, key: str, prompt, ask: dict, decoding: Decod
         kind, value = await items.get()
     if kind == "error":
         raise value                        # nothing sent yet: the error's own status
+    assert started is not None, "complete() calls on_start before its query's first text"
 
     async def events():
         nonlocal kind, value
