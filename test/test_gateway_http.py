@@ -548,3 +548,23 @@ def test_a_gateway_beyond_loopback_without_a_key_refuses_to_start(tmp_path):
     assert run.returncode == 2
     assert "--host 0.0.0.0 serves beyond this machine: give an API key" in run.stderr
     assert "--insecure-no-auth" in run.stderr
+
+
+def test_the_client_benches_report_streamed_pieces_and_valid_tool_calls(llama_server, tmp_path):
+    common = ["--resource", "openai", "--r1", llama_server.url, "--r2", llama_server.url,
+              "--max-context-tokens", "4096", "--tau-mem", "3072"]
+    stream_json, tools_json = tmp_path / "stream.json", tmp_path / "tools.json"
+    for args, out in ((["--bench", "stream", "--repeats", "2", "--bench-max-tokens", "16"],
+                       stream_json),
+                      (["--bench", "tools", "--requests", "6", "--tool-choices", "required"],
+                       tools_json)):
+        run = subprocess.run([sys.executable, "-P", "-m", "csr_ros.cli", "gateway", *args,
+                              *common, "--json", str(out)], capture_output=True, text=True,
+                             timeout=1200)
+        assert run.returncode == 0, run.stderr[-3000:]
+    stream = json.loads(stream_json.read_text())
+    assert stream["repeats"] == 2 and stream["completion_tokens"] == [16]
+    assert all(r["pieces"] > 1 and r["server_ttft_s"] > 0 for r in stream["rows"])
+    tools = json.loads(tools_json.read_text())["choices"]["required"]
+    assert tools["requests"] == tools["calls"] == tools["valid_calls"] == 6
+    assert tools["content_answers"] == 0 and tools["invalid"] == []

@@ -42,7 +42,6 @@ class Decoding:
     mode: str = "text"                          # MODES
     constraint: OutputConstraint | None = None  # what the resource decodes under, if anything
     vocabulary: Vocabulary | None = None        # the tools, as actions (call and auto)
-    reason: str = ""                            # what asked for it, for messages and logs
 
     def __post_init__(self):
         assert self.mode in MODES, f"unknown decoding mode {self.mode!r}"

@@ -17,7 +17,9 @@ tools: the same robot tools every time (go_to(room), say(text), turn(degrees)), 
 new user message per request (the prefix holds: nothing is appended, only the dynamic part
 changes). A call is valid when `check_call` finds it names one of the tools with arguments that
 are a JSON object matching that tool's parameters; an answer that is content counts as no call
-(for `auto`, the model's choice). Every fourth request streams, so both paths are counted.
+(for `auto`, the model's choice; `calls_cut_short` counts those that began a call the budget
+ended, which the gateway returns as content, never as a call). Every fourth request streams,
+so both paths are counted.
 
 Warm-up (the session's first load) is left out of every figure.
 """
@@ -134,6 +136,7 @@ def run_stream_bench(factory: BackendFactory, config: GatewayConfig, *, max_toke
             "last_piece_s_median": med("last_piece_s"),
             "server_ttft_s_median": med("server_ttft_s"),
             "decode_s_per_token_median": med("decode_s_per_token"),
+            "first_after_ttft_s_median": med("first_after_ttft_s"),
             "first_after_ttft_tokens_median": med("first_after_ttft_tokens"),
             "completion_tokens": sorted({r["completion_tokens"] for r in rows}),
             **_machine(), "rows": rows}
@@ -149,7 +152,7 @@ def run_tools_bench(factory: BackendFactory, config: GatewayConfig, *, n: int = 
         progress("warm-up: the session's first load (not timed)")
         _ask_tools(client, "Hello.", "required", stream=False)
         for choice in choices:
-            calls = valid = content = 0
+            calls = valid = content = cut = 0
             invalid: list[str] = []
             started = time.monotonic()
             for i, message in enumerate(tool_requests(n)):
@@ -161,10 +164,12 @@ def run_tools_bench(factory: BackendFactory, config: GatewayConfig, *, n: int = 
                     if why:
                         invalid.append(why)
                 content += not answer["tool_calls"]
+                cut += bool(answer["not_a_call"])
                 if (i + 1) % 25 == 0:
                     progress(f"{choice}: {i + 1}/{n} requests, {calls} calls, {valid} valid")
             figures[choice] = {"requests": n, "calls": calls, "valid_calls": valid,
-                               "content_answers": content, "invalid": invalid[:10],
+                               "content_answers": content, "calls_cut_short": cut,
+                               "invalid": invalid[:10],
                                "seconds": time.monotonic() - started}
         sessions = gateway.session_stats()
     return {"bench": "tools", "tools": [t["function"]["name"] for t in TOOLS],
@@ -181,7 +186,8 @@ def format_stream(s: dict) -> str:
         f"  last content piece   median {ms(s['last_piece_s_median'])}",
         f"  the reconciler's TTFT {ms(s['server_ttft_s_median'])}; decode "
         f"{ms(s['decode_s_per_token_median'])} per token; the first piece came "
-        f"{s['first_after_ttft_tokens_median']:.1f} tokens' decode after TTFT",
+        f"{ms(s['first_after_ttft_s_median'])} after TTFT "
+        f"({s['first_after_ttft_tokens_median']:.2f} tokens' decode)",
         _load_line(s)])
 
 
@@ -192,7 +198,8 @@ def format_tools(s: dict) -> str:
         share = 100.0 * f["valid_calls"] / f["calls"] if f["calls"] else float("nan")
         lines.append(f"  tool_choice={choice:<9} {f['requests']} requests: {f['calls']} calls, "
                      f"{f['valid_calls']} valid ({share:.0f}%), {f['content_answers']} answered "
-                     f"in words, {f['seconds']:.0f} s")
+                     f"in words ({f['calls_cut_short']} of them a call cut short by "
+                     f"max_tokens), {f['seconds']:.0f} s")
         lines += [f"    invalid: {why}" for why in f["invalid"]]
     lines.append(_load_line(s))
     return "\n".join(lines)
@@ -237,7 +244,7 @@ def _stream(client: httpx.Client, message: str, max_tokens: int) -> dict:
     decode = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
     return {"first_piece_s": times[0], "last_piece_s": times[-1], "pieces": len(times),
             "completion_tokens": usage["completion_tokens"], "server_ttft_s": csr["ttft_s"],
-            "decode_s_per_token": decode,
+            "decode_s_per_token": decode, "first_after_ttft_s": times[0] - csr["ttft_s"],
             "first_after_ttft_tokens": (times[0] - csr["ttft_s"]) / decode if decode else 0.0}
 
 
@@ -250,11 +257,14 @@ def _ask_tools(client: httpx.Client, message: str, choice: str, *, stream: bool)
         if response.status_code != 200:
             raise AssertionError(f"the gateway answered {response.status_code}: "
                                  f"{response.text}")
-        message = response.json()["choices"][0]["message"]
-        return {"tool_calls": message.get("tool_calls") or [], "content": message["content"]}
+        answer = response.json()
+        message = answer["choices"][0]["message"]
+        return {"tool_calls": message.get("tool_calls") or [], "content": message["content"],
+                "not_a_call": answer["csr"].get("not_a_call", "")}
     calls: dict[int, dict] = {}
-    content = ""
+    content, csr = "", {}
     for event in _events(client, {**body, "stream": True}):
+        csr = event.get("csr", csr)
         for choice_event in event.get("choices") or ():
             delta = choice_event.get("delta") or {}
             content += delta.get("content") or ""
@@ -266,7 +276,8 @@ def _ask_tools(client: httpx.Client, message: str, choice: str, *, stream: bool)
                 function = part.get("function") or {}
                 call["function"]["name"] += function.get("name") or ""
                 call["function"]["arguments"] += function.get("arguments") or ""
-    return {"tool_calls": [calls[i] for i in sorted(calls)], "content": content}
+    return {"tool_calls": [calls[i] for i in sorted(calls)], "content": content,
+            "not_a_call": csr.get("not_a_call", "")}
 
 
 def _events(client: httpx.Client, body: dict):

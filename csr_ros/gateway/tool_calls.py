@@ -144,20 +144,19 @@ def plan_decoding(tools: ToolSet | None, tool_choice: Any, response_format: Any)
     choice = "auto" if tool_choice is None else tool_choice
     vocabulary = tools.vocabulary
     if choice == "none":
-        return _text(text_rules, text_root, reason="tool_choice none")
+        return _text(text_rules, text_root)
     if choice == "required":
-        return Decoding("call", vocabulary.constraint(), vocabulary, reason="tool_choice required")
+        return Decoding("call", vocabulary.constraint(), vocabulary)
     if choice == "auto":
         grammar = auto_grammar(vocabulary, text_rules, text_root)
-        return Decoding("auto", OutputConstraint("grammar", grammar), vocabulary,
-                        reason="tool_choice auto")
+        return Decoding("auto", OutputConstraint("grammar", grammar), vocabulary)
     name = _named_function(choice)
     (spec,) = [s for s in vocabulary.actions if s.name == name] or [None]
     if spec is None:
         raise GatewayRequestError(f"tool_choice names the function {name!r}, which is not in "
                                   f"'tools' ({', '.join(s.name for s in vocabulary.actions)})")
     one = Vocabulary((spec,), max_str_chars=vocabulary.max_str_chars)
-    return Decoding("call", one.constraint(), one, reason=f"tool_choice {name}")
+    return Decoding("call", one.constraint(), one)
 
 
 def auto_grammar(vocabulary: Vocabulary, text_rules: str = "",
@@ -211,11 +210,10 @@ def _class_chars(chars: str) -> str:
     return "".join(out)
 
 
-def _text(rules: str, root: str | None, *, reason: str = "") -> Decoding:
+def _text(rules: str, root: str | None) -> Decoding:
     if root is None:
-        return Decoding("text", reason=reason)
-    return Decoding("text", OutputConstraint("grammar", f"root ::= {root}\n{rules}"),
-                    reason=reason or "response_format")
+        return Decoding("text")
+    return Decoding("text", OutputConstraint("grammar", f"root ::= {root}\n{rules}"))
 
 
 def _response_format(response_format: Any) -> tuple[str, str | None]:
