@@ -13,8 +13,6 @@ from csr_ros.errors import GatewayRequestError
 from csr_ros.gateway.json_grammar import any_object_gbnf, schema_gbnf
 from csr_ros.gateway.tool_calls import parse_tools, plan_decoding
 
-pytest.importorskip("llguidance")
-
 
 def function(name: str, parameters: dict | None = None, description: str = "") -> dict:
     spec = {"name": name, "description": description}
