@@ -143,20 +143,20 @@ def run_stream_bench(factory: BackendFactory, config: GatewayConfig, *, max_toke
 
 
 def run_tools_bench(factory: BackendFactory, config: GatewayConfig, *, n: int = 100,
-                    choices: tuple[str, ...] = ("required", "auto"),
+                    choices: tuple[str, ...] = ("required", "auto"), max_tokens: int = 64,
                     api_key: str | None = None,
                     progress: Callable[[str], None] = lambda message: None) -> dict:
     """`n` tool requests per tool_choice; how many came back a call, and how many valid."""
     figures = {}
     with _serving(factory, config, api_key) as (client, gateway):
         progress("warm-up: the session's first load (not timed)")
-        _ask_tools(client, "Hello.", "required", stream=False)
+        _ask_tools(client, "Hello.", "required", max_tokens, stream=False)
         for choice in choices:
             calls = valid = content = cut = 0
             invalid: list[str] = []
             started = time.monotonic()
             for i, message in enumerate(tool_requests(n)):
-                answer = _ask_tools(client, message, choice, stream=i % 4 == 3)
+                answer = _ask_tools(client, message, choice, max_tokens, stream=i % 4 == 3)
                 for call in answer["tool_calls"]:
                     calls += 1
                     why = check_call(call, TOOLS)
@@ -173,6 +173,7 @@ def run_tools_bench(factory: BackendFactory, config: GatewayConfig, *, n: int = 
                                "seconds": time.monotonic() - started}
         sessions = gateway.session_stats()
     return {"bench": "tools", "tools": [t["function"]["name"] for t in TOOLS],
+            "max_tokens": max_tokens,
             "new_versions": sessions[0]["new_versions"] if sessions else None,
             "choices": figures, **_machine()}
 
@@ -192,8 +193,8 @@ def format_stream(s: dict) -> str:
 
 
 def format_tools(s: dict) -> str:
-    lines = [f"gateway tools bench: tools {', '.join(s['tools'])}; new versions "
-             f"{s['new_versions']}"]
+    lines = [f"gateway tools bench: tools {', '.join(s['tools'])}; max_tokens "
+             f"{s['max_tokens']}; new versions {s['new_versions']}"]
     for choice, f in s["choices"].items():
         share = 100.0 * f["valid_calls"] / f["calls"] if f["calls"] else float("nan")
         lines.append(f"  tool_choice={choice:<9} {f['requests']} requests: {f['calls']} calls, "
@@ -248,10 +249,11 @@ def _stream(client: httpx.Client, message: str, max_tokens: int) -> dict:
             "first_after_ttft_tokens": (times[0] - csr["ttft_s"]) / decode if decode else 0.0}
 
 
-def _ask_tools(client: httpx.Client, message: str, choice: str, *, stream: bool) -> dict:
+def _ask_tools(client: httpx.Client, message: str, choice: str, max_tokens: int, *,
+               stream: bool) -> dict:
     body = {"messages": [{"role": "system", "content": SYSTEM},
                          {"role": "user", "content": message}],
-            "tools": TOOLS, "tool_choice": choice, "max_tokens": 64}
+            "tools": TOOLS, "tool_choice": choice, "max_tokens": max_tokens}
     if not stream:
         response = client.post("/v1/chat/completions", json=body)
         if response.status_code != 200:

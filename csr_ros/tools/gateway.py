@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--m", type=int, default=32, help="--bench: dynamic tokens")
     a("--repeats", type=int, default=10, help="--bench: queries per side")
     a("--bench-max-tokens", type=int, default=None,
-      help="--bench: tokens per answer (overhead: 1, stream: 64)")
+      help="--bench: tokens per answer (overhead: 1, stream and tools: 64)")
     a("--requests", type=int, default=100, help="--bench tools: requests per tool_choice")
     a("--tool-choices", default="required,auto", help="--bench tools: which, comma-separated")
     a("--json", type=Path, help="--bench: write the figures here")
@@ -123,7 +123,7 @@ def _bench(args: argparse.Namespace, config: GatewayConfig, factory) -> int:
 
         choices = tuple(c.strip() for c in args.tool_choices.split(",") if c.strip())
         summary = run_tools_bench(factory, config, n=args.requests, choices=choices,
-                                  progress=progress)
+                                  max_tokens=args.bench_max_tokens or 64, progress=progress)
         format_summary = format_tools
     summary.update(resource=args.resource, model=args.model, dtype=args.dtype,
                    threads=args.threads, r1=args.r1, argv=sys.argv[1:])
