@@ -196,9 +196,9 @@ def format_tools(s: dict) -> str:
     lines = [f"gateway tools bench: tools {', '.join(s['tools'])}; max_tokens "
              f"{s['max_tokens']}; new versions {s['new_versions']}"]
     for choice, f in s["choices"].items():
-        share = 100.0 * f["valid_calls"] / f["calls"] if f["calls"] else float("nan")
+        share = f"{100.0 * f['valid_calls'] / f['calls']:.0f}%" if f["calls"] else "no call"
         lines.append(f"  tool_choice={choice:<9} {f['requests']} requests: {f['calls']} calls, "
-                     f"{f['valid_calls']} valid ({share:.0f}%), {f['content_answers']} answered "
+                     f"{f['valid_calls']} valid ({share}), {f['content_answers']} answered "
                      f"in words ({f['calls_cut_short']} of them a call cut short by "
                      f"max_tokens), {f['seconds']:.0f} s")
         lines += [f"    invalid: {why}" for why in f["invalid"]]
