@@ -105,6 +105,21 @@ def test_auto_takes_a_call_or_any_text_that_does_not_begin_like_one(accepts):
     assert decoding.is_call("go_to(office)") and not decoding.is_call("go to")
 
 
+def test_a_parameters_bounds_become_the_calls_range_and_length(accepts):
+    turn = function("turn", params(degrees={"type": "integer", "minimum": -180, "maximum": 180},
+                                   speed={"type": "number", "minimum": 0, "maximum": 1.5}))
+    say = function("say", params(text={"type": "string", "maxLength": 5}))
+    tools = parse_tools([turn, say])
+    degrees, speed = tools.vocabulary.actions[0].args
+    assert (degrees.low, degrees.high) == (-180, 180) and speed.kind == "float"
+    grammar = plan_decoding(tools, "required", None).constraint.grammar
+    for text in ("turn(-180, 0.0)", "turn(180, 1.5)", "turn(7, 1.25)", 'say("hello")'):
+        assert accepts(grammar, text), text
+    for text in ("turn(181, 1.0)", "turn(99999, 1.0)", "turn(-181, 0.5)", "turn(0, 1.6)",
+                 "turn(0, -0.5)", 'say("hello!")'):
+        assert not accepts(grammar, text), text
+
+
 def test_none_and_no_tools_decode_text_and_tool_choice_without_tools_is_refused():
     assert plan_decoding(parse_tools(TOOLS), "none", None).constraint is None
     assert plan_decoding(None, None, None).mode == "text"
@@ -170,6 +185,12 @@ def test_a_past_call_reads_as_the_grammar_writes_one():
     ([function("f", params(x={"enum": [1, 2]}))], "non-empty list of non-empty strings"),
     ([function("f", params(x={"enum": ["a,b"]}))], "comma"),
     ([function("f", {"type": "object", "properties": {}, "anyOf": []})], r"uses \['anyOf'\]"),
+    ([function("f", params(x={"type": "integer", "exclusiveMinimum": 0}))],
+     r"uses \['exclusiveMinimum'\]"),
+    ([function("f", params(x={"type": "integer", "minimum": 0}))],
+     "both minimum and maximum, or neither"),
+    ([function("f", params(x={"type": "integer", "minimum": 5, "maximum": 1}))],
+     "above the maximum"),
 ])
 def test_tools_that_cannot_be_honoured_are_refused_with_the_reason(tools, match):
     with pytest.raises(GatewayRequestError, match=match):

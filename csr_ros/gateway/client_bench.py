@@ -56,7 +56,7 @@ TOOLS = [
     {"type": "function", "function": {
         "name": "turn", "description": "Turn in place by some degrees (left is positive).",
         "parameters": {"type": "object", "required": ["degrees"], "properties": {
-            "degrees": {"type": "integer"}}}}},
+            "degrees": {"type": "integer", "minimum": -180, "maximum": 180}}}}},
 ]
 SYSTEM = "You are the assistant of a home robot. Use the tools to act."
 STORY = "Tell me a long story about a robot that patrols a warehouse at night. Part {n}."
@@ -113,6 +113,10 @@ def check_call(call: Any, tools: list[dict]) -> str:
             return f"{name}: {key}={value!r} is not one of {schema['enum']}"
         if isinstance(value, str) and len(value) > schema.get("maxLength", len(value)):
             return f"{name}: {key} is longer than {schema['maxLength']}"
+        if kind in ("integer", "number") and not \
+                schema.get("minimum", value) <= value <= schema.get("maximum", value):
+            return f"{name}: {key}={value!r} is outside [{schema.get('minimum')}, " \
+                   f"{schema.get('maximum')}]"
     return ""
 
 

@@ -8,11 +8,14 @@ become an action vocabulary, the grammar its answer is decoded under, and the wa
 
 Each function becomes an action whose arguments are its parameters, in the schema's order:
 `string` → str (at most MAX_STR_CHARS characters), `integer` → int, `number` → float,
-`boolean` → bool, a string `enum` (or `const`) → an enumeration. Every parameter is decoded,
-optional ones too (a call with all its arguments runs as well), and the arguments come back as
-the JSON object of those parameters. Anything the action grammar cannot guarantee (nested
-objects, arrays, patterns, formats, numeric bounds, a tool name that is not an identifier) is
-refused with GatewayRequestError, before anything is appended.
+`boolean` → bool, a string `enum` (or `const`) → an enumeration. `minimum` and `maximum` (both,
+inclusive) become the argument's range and `minLength`/`maxLength` its length, as in an action
+spec's `int[-180,180]` or `str[..80]`: the grammar decodes only values in them, so a call's
+arguments always match the schema. Every parameter is decoded, optional ones too (a call with
+all its arguments runs as well), and the arguments come back as the JSON object of those
+parameters. Anything the action grammar cannot guarantee (nested objects, arrays, patterns,
+formats, exclusive bounds, one bound without the other, a tool name that is not an
+identifier) is refused with GatewayRequestError, before anything is appended.
 
 `tool_choice`:
 
@@ -47,8 +50,9 @@ from csr_ros.gateway.json_grammar import any_object_gbnf, schema_gbnf
 MAX_STR_CHARS = 128
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _TYPES = ("string", "integer", "number", "boolean")
+_BOUND_KEYS = ("minimum", "maximum", "minLength", "maxLength")
 _PARAMETER_KEYS = {"type", "enum", "const", "description", "title", "default", "examples",
-                   "minLength"}
+                   *_BOUND_KEYS}
 _SCHEMA_KEYS = {"type", "properties", "required", "additionalProperties", "title",
                 "description", "$schema"}
 _WHITESPACE = " \t\n\r"
@@ -272,10 +276,7 @@ def _argument(name: str, schema: Any, where: str) -> dict:
     if unknown:
         raise GatewayRequestError(f"{where} uses {unknown}, which a tool call here cannot "
                                   "guarantee: parameters are strings, integers, numbers, "
-                                  "booleans or string enums")
-    if schema.get("minLength", 0) not in (0, 1):
-        raise GatewayRequestError(f"{where} has minLength {schema['minLength']!r}: only 0 or 1 "
-                                  "is honoured")
+                                  "booleans or string enums, with inclusive bounds")
     values = [schema["const"]] if "const" in schema else schema.get("enum")
     if values is not None:
         if not isinstance(values, list) or not values or \
@@ -286,7 +287,8 @@ def _argument(name: str, schema: Any, where: str) -> dict:
     if schema.get("type") not in _TYPES:
         raise GatewayRequestError(f"{where} has type {schema.get('type')!r}: parameters are "
                                   "string, integer, number, boolean or a string enum")
-    return {"type": schema["type"]}
+    # the bounds go to the vocabulary, which holds them in the grammar or refuses them
+    return {"type": schema["type"], **{k: schema[k] for k in _BOUND_KEYS if k in schema}}
 
 
 def _first_paragraph(text: str) -> str:
