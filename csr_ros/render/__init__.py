@@ -11,7 +11,7 @@
 - `emission`: the per-source change filter (deadbands, keep-alive, events, time jumps) that the
   aggregator node and `csr-ros replay` share;
 - `coalesce`: the per-key minimum period;
-- `policy`: per-type defaults for a topic nobody configured (event, state, or left out and why).
+- `topic_defaults`: per-type defaults for a topic nobody configured (event, state, or left out and why).
 
 Pure: no rclpy, no I/O.
 """
