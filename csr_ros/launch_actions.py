@@ -1,7 +1,9 @@
-"""Launch actions the launch files share: a node process that exits while the launch runs ends
-the launch, naming the node and the error it reported.
+"""Launch actions the launch files share: their common arguments, and a node process that exits
+while the launch runs ends the launch, naming the node and the error it reported.
 
-    watched(node_action, "policy")  → [node_action, what ends the launch when it exits]
+    declare("params_file", "namespace", ...)   → DeclareLaunchArgument of each (SHARED_ARGUMENTS)
+    node(args, "policy", parameters)           → the node in the launch's namespace, watched
+    watched(node_action, "policy")             → [node_action, what ends the launch when it exits]
 
 The decisions (what the reason says, which lines are the error) are csr_ros.launch_args's,
 tested without launch; this module only wires them to launch's events. It imports `launch`,
@@ -12,11 +14,15 @@ from __future__ import annotations
 
 from collections import deque
 
-from launch.actions import OpaqueFunction, RegisterEventHandler, TimerAction
+from launch.actions import DeclareLaunchArgument, OpaqueFunction, RegisterEventHandler, \
+    TimerAction
 from launch.event_handlers import OnProcessExit, OnProcessIO
+from launch.substitutions import PathJoinSubstitution
+from launch_ros.actions import Node
+from launch_ros.substitutions import FindPackageShare
 
 from csr_ros.errors import CsrError
-from csr_ros.launch_args import node_exit_reason
+from csr_ros.launch_args import SHARED_ARGUMENTS, node_exit_reason, node_namespace
 
 OUTPUT_LINES = 200         # a process's latest lines kept to find its error in
 SHUTDOWN_GRACE_S = 2.0     # a node gone while launch was not shutting down, checked after this
@@ -25,6 +31,27 @@ SHUTDOWN_GRACE_S = 2.0     # a node gone while launch was not shutting down, che
 class NodeExited(CsrError):
     """A node process ended while the launch ran: launch logs this, stops the others and
     exits 1."""
+
+
+def declare(*names: str) -> list:
+    """The shared launch arguments `names`, in that order."""
+    actions = []
+    for name in names:
+        default, description = SHARED_ARGUMENTS[name]
+        if default is None:        # params_file: the package's own parameters file
+            default = PathJoinSubstitution([FindPackageShare("csr_ros"), "config",
+                                            "csr_ros.yaml"])
+        actions.append(DeclareLaunchArgument(name, default_value=default,
+                                             description=description))
+    return actions
+
+
+def node(args, executable: str, parameters: list, *, name: str | None = None) -> list:
+    """A csr_ros node process in the launch's namespace, its output on the screen, watched.
+    `name` None keeps the names the code gives (all_in_one holds two nodes)."""
+    action = Node(package="csr_ros", executable=executable, name=name, output="screen",
+                  namespace=node_namespace(args["namespace"]), parameters=parameters)
+    return watched(action, name or executable)
 
 
 def watched(node_action, name: str) -> list:

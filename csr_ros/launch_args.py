@@ -122,6 +122,28 @@ LIFECYCLE_ARGUMENTS = {
 }
 
 
+#: The launch arguments several launch files declare: name → (default, description). None as
+#: params_file's default stands for the package's config/csr_ros.yaml (a launch substitution).
+SHARED_ARGUMENTS: dict[str, tuple[str | None, str]] = {
+    "params_file": (None, "ROS 2 parameters file of the csr_ros nodes"),
+    "r1_url": ("", "URL of inference server R1 ('' = the params file's)"),
+    "r2_url": ("", "URL of inference server R2 ('' = the params file's)"),
+    "model": ("", "'smollm2' (the embedded default) or a model directory; on the robot side "
+                  "only its tokenizer is read ('' = the params file's)"),
+    "threads": ("", "CPU threads per local engine ('' = the params file's; 0 = default)"),
+    "use_sim_time": ("", "true: follow /clock (a bag played with --clock)"),
+    **{name: ("", text) for name, text in ROBOT_ARGUMENTS.items()},
+    **{name: ("true", text) for name, text in LIFECYCLE_ARGUMENTS.items()},
+}
+
+
+def node_parameters(arguments: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
+    """What every node of a launch gets: the checked params file, and the robot's and the
+    lifecycle's parameters from their launch arguments."""
+    return (check_params_file(arguments["params_file"]),
+            robot_parameters(arguments) | lifecycle_parameters(arguments))
+
+
 def lifecycle_parameters(arguments: Mapping[str, str]) -> dict[str, Any]:
     """{'autostart': bool} for `autostart:=` (true when not given)."""
     text = arguments.get("autostart", "") or "true"

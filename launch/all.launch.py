@@ -17,14 +17,10 @@ that exits while the launch runs ends the launch (exit 1), naming it and its err
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
-from launch.substitutions import PathJoinSubstitution
-from launch_ros.actions import Node
-from launch_ros.substitutions import FindPackageShare
+from launch.actions import OpaqueFunction
 
-from csr_ros.launch_actions import watched
-from csr_ros.launch_args import LIFECYCLE_ARGUMENTS, ROBOT_ARGUMENTS, check_params_file, \
-    given_overrides, lifecycle_parameters, node_namespace, robot_parameters
+from csr_ros.launch_actions import declare, node
+from csr_ros.launch_args import given_overrides, node_parameters
 
 OVERRIDES = {"model": ("model", str), "threads": ("resource.threads", int),
              "use_sim_time": ("use_sim_time", bool)}
@@ -32,41 +28,19 @@ OVERRIDES = {"model": ("model", str), "threads": ("resource.threads", int),
 
 def nodes(context):
     args = context.launch_configurations
-    params_file = check_params_file(args["params_file"])
+    params_file, every_node = node_parameters(args)
     sim_time = given_overrides(args, {"use_sim_time": OVERRIDES["use_sim_time"]})
-    namespace, robot = node_namespace(args["namespace"]), robot_parameters(args)
-    lifecycle = lifecycle_parameters(args)
-    local = {"resource.kind": "local", **given_overrides(args, OVERRIDES), **robot, **lifecycle}
+    local = {"resource.kind": "local", **given_overrides(args, OVERRIDES), **every_node}
     return [
-        *watched(Node(package="csr_ros", executable="aggregator", name="aggregator",
-                      output="screen", namespace=namespace,
-                      parameters=[params_file, sim_time | robot | lifecycle]), "aggregator"),
+        *node(args, "aggregator", [params_file, sim_time | every_node], name="aggregator"),
         # the node names come from the code (reconciler, policy); no name= for two nodes
-        *watched(Node(package="csr_ros", executable="all_in_one", output="screen",
-                      namespace=namespace, parameters=[params_file, local]), "all_in_one"),
+        *node(args, "all_in_one", [params_file, local]),
     ]
 
 
 def generate_launch_description():
     return LaunchDescription([
-        DeclareLaunchArgument(
-            "params_file",
-            default_value=PathJoinSubstitution([FindPackageShare("csr_ros"), "config",
-                                                "csr_ros.yaml"]),
-            description="ROS 2 parameters file of the csr_ros nodes"),
-        DeclareLaunchArgument("use_sim_time", default_value="",
-                              description="true: follow /clock (a bag played with --clock)"),
-        DeclareLaunchArgument("model", default_value="",
-                              description="'smollm2' (embedded default) or a model directory "
-                                          "('' = the params file's)"),
-        DeclareLaunchArgument("threads", default_value="",
-                              description="CPU threads per local engine ('' = the params "
-                                          "file's; 0 = default)"),
-        DeclareLaunchArgument("namespace", default_value="",
-                              description=ROBOT_ARGUMENTS["namespace"]),
-        DeclareLaunchArgument("robot_id", default_value="",
-                              description=ROBOT_ARGUMENTS["robot_id"]),
-        DeclareLaunchArgument("autostart", default_value="true",
-                              description=LIFECYCLE_ARGUMENTS["autostart"]),
+        *declare("params_file", "use_sim_time", "model", "threads", "namespace", "robot_id",
+                 "autostart"),
         OpaqueFunction(function=nodes),
     ])

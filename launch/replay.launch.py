@@ -31,13 +31,12 @@ from launch.actions import (DeclareLaunchArgument, ExecuteProcess, IncludeLaunch
                             OpaqueFunction, RegisterEventHandler)
 from launch.event_handlers import OnProcessExit, OnProcessIO
 from launch.launch_description_sources import PythonLaunchDescriptionSource
-from launch.substitutions import PathJoinSubstitution
 from launch_ros.substitutions import FindPackageShare
 
 from csr_ros.errors import CsrError
-from csr_ros.launch_args import LIFECYCLE_ARGUMENTS, ROBOT_ARGUMENTS, check_bag, \
-    check_params_file, lifecycle_parameters, node_namespace, player_exit_reason, \
-    robot_parameters, rosbag2_available
+from csr_ros.launch_actions import declare
+from csr_ros.launch_args import check_bag, node_namespace, node_parameters, player_exit_reason, \
+    rosbag2_available
 
 
 class PlayerError(CsrError):
@@ -47,11 +46,9 @@ class PlayerError(CsrError):
 def replay(context):
     """Check everything first, then the nodes, the player and what stops the launch."""
     args = context.launch_configurations
-    check_params_file(args["params_file"])
     play_cmd = check_bag(args, rosbag2=rosbag2_available())
     node_namespace(args["namespace"])          # checked here too: before the player starts
-    robot_parameters(args)
-    lifecycle_parameters(args)
+    node_parameters(args)                      # (the params file, robot_id, autostart)
     share = FindPackageShare("csr_ros").perform(context)
     forwarded = {"params_file": args["params_file"], "model": args["model"],
                  "use_sim_time": "true", "namespace": args["namespace"],
@@ -82,7 +79,6 @@ def replay(context):
 
 
 def generate_launch_description():
-    share = FindPackageShare("csr_ros")
     return LaunchDescription([
         DeclareLaunchArgument("bag", description="rosbag2 directory (or file) to play"),
         DeclareLaunchArgument("player", default_value="auto",
@@ -100,20 +96,6 @@ def generate_launch_description():
         DeclareLaunchArgument("loop", default_value="false", description="play in a loop"),
         DeclareLaunchArgument("mode", default_value="robot", choices=["robot", "all"],
                               description="robot: aggregator+policy; all: everything locally"),
-        DeclareLaunchArgument(
-            "params_file", default_value=PathJoinSubstitution([share, "config", "csr_ros.yaml"]),
-            description="ROS 2 parameters file of the csr_ros nodes"),
-        DeclareLaunchArgument("model", default_value="",
-                              description="model directory whose tokenizer builds the prompt "
-                                          "('' = the params file's)"),
-        DeclareLaunchArgument("threads", default_value="",
-                              description="mode:=all: CPU threads per local engine "
-                                          "('' = the params file's)"),
-        DeclareLaunchArgument("namespace", default_value="",
-                              description=ROBOT_ARGUMENTS["namespace"]),
-        DeclareLaunchArgument("robot_id", default_value="",
-                              description=ROBOT_ARGUMENTS["robot_id"]),
-        DeclareLaunchArgument("autostart", default_value="true",
-                              description=LIFECYCLE_ARGUMENTS["autostart"]),
+        *declare("params_file", "model", "threads", "namespace", "robot_id", "autostart"),
         OpaqueFunction(function=replay),
     ])

@@ -23,14 +23,10 @@ that exits while the launch runs ends the launch (exit 1), naming it and its err
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
-from launch.substitutions import PathJoinSubstitution
-from launch_ros.actions import Node
-from launch_ros.substitutions import FindPackageShare
+from launch.actions import OpaqueFunction
 
-from csr_ros.launch_actions import watched
-from csr_ros.launch_args import LIFECYCLE_ARGUMENTS, ROBOT_ARGUMENTS, check_params_file, \
-    given_overrides, lifecycle_parameters, node_namespace, robot_parameters
+from csr_ros.launch_actions import declare, node
+from csr_ros.launch_args import given_overrides, node_parameters
 
 OVERRIDES = {"r1_url": ("resource.r1_url", str), "r2_url": ("resource.r2_url", str),
              "model": ("model", str), "use_sim_time": ("use_sim_time", bool)}
@@ -38,41 +34,18 @@ OVERRIDES = {"r1_url": ("resource.r1_url", str), "r2_url": ("resource.r2_url", s
 
 def nodes(context):
     args = context.launch_configurations
-    params_file = check_params_file(args["params_file"])
+    params_file, every_node = node_parameters(args)
     sim_time = given_overrides(args, {"use_sim_time": OVERRIDES["use_sim_time"]})
-    namespace, robot = node_namespace(args["namespace"]), robot_parameters(args)
-    lifecycle = lifecycle_parameters(args)
-    policy = given_overrides(args, OVERRIDES) | robot | lifecycle
+    policy = given_overrides(args, OVERRIDES) | every_node
     return [
-        *watched(Node(package="csr_ros", executable="aggregator", name="aggregator",
-                      output="screen", namespace=namespace,
-                      parameters=[params_file, sim_time | robot | lifecycle]), "aggregator"),
-        *watched(Node(package="csr_ros", executable="policy", name="policy", output="screen",
-                      namespace=namespace, parameters=[params_file, policy]), "policy"),
+        *node(args, "aggregator", [params_file, sim_time | every_node], name="aggregator"),
+        *node(args, "policy", [params_file, policy], name="policy"),
     ]
 
 
 def generate_launch_description():
     return LaunchDescription([
-        DeclareLaunchArgument(
-            "params_file",
-            default_value=PathJoinSubstitution([FindPackageShare("csr_ros"), "config",
-                                                "csr_ros.yaml"]),
-            description="ROS 2 parameters file of the csr_ros nodes"),
-        DeclareLaunchArgument("r1_url", default_value="",
-                              description="URL of inference server R1 ('' = the params file's)"),
-        DeclareLaunchArgument("r2_url", default_value="",
-                              description="URL of inference server R2 ('' = the params file's)"),
-        DeclareLaunchArgument("use_sim_time", default_value="",
-                              description="true: follow /clock (a bag played with --clock)"),
-        DeclareLaunchArgument("model", default_value="",
-                              description="model directory whose tokenizer builds the prompt "
-                                          "('' = the params file's)"),
-        DeclareLaunchArgument("namespace", default_value="",
-                              description=ROBOT_ARGUMENTS["namespace"]),
-        DeclareLaunchArgument("robot_id", default_value="",
-                              description=ROBOT_ARGUMENTS["robot_id"]),
-        DeclareLaunchArgument("autostart", default_value="true",
-                              description=LIFECYCLE_ARGUMENTS["autostart"]),
+        *declare("params_file", "r1_url", "r2_url", "use_sim_time", "model", "namespace",
+                 "robot_id", "autostart"),
         OpaqueFunction(function=nodes),
     ])

@@ -19,12 +19,10 @@ from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, ExecuteProcess, OpaqueFunction
 from launch.conditions import IfCondition
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
-from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
-from csr_ros.launch_actions import watched
-from csr_ros.launch_args import LIFECYCLE_ARGUMENTS, ROBOT_ARGUMENTS, check_params_file, \
-    given_overrides, lifecycle_parameters, node_namespace, robot_parameters
+from csr_ros.launch_actions import declare, node
+from csr_ros.launch_args import given_overrides, node_parameters
 
 OVERRIDES = {"r1_url": ("resource.r1_url", str), "r2_url": ("resource.r2_url", str),
              "model": ("model", str)}
@@ -32,37 +30,21 @@ OVERRIDES = {"r1_url": ("resource.r1_url", str), "r2_url": ("resource.r2_url", s
 
 def nodes(context):
     args = context.launch_configurations
-    params_file = check_params_file(args["params_file"])
-    reconciler = given_overrides(args, OVERRIDES) | robot_parameters(args) | \
-        lifecycle_parameters(args)
-    return watched(Node(package="csr_ros", executable="reconciler", name="reconciler",
-                        output="screen", namespace=node_namespace(args["namespace"]),
-                        parameters=[params_file, reconciler]), "reconciler")
+    params_file, every_node = node_parameters(args)
+    reconciler = given_overrides(args, OVERRIDES) | every_node
+    return node(args, "reconciler", [params_file, reconciler], name="reconciler")
 
 
 def generate_launch_description():
-    share = FindPackageShare("csr_ros")
     return LaunchDescription([
-        DeclareLaunchArgument(
-            "params_file", default_value=PathJoinSubstitution([share, "config", "csr_ros.yaml"]),
-            description="ROS 2 parameters file of the csr_ros nodes"),
-        DeclareLaunchArgument("r1_url", default_value="",
-                              description="URL of inference server R1 ('' = the params file's)"),
-        DeclareLaunchArgument("r2_url", default_value="",
-                              description="URL of inference server R2 ('' = the params file's)"),
-        DeclareLaunchArgument("model", default_value="",
-                              description="model directory whose tokenizer builds the prompt "
-                                          "('' = the params file's)"),
+        *declare("params_file", "r1_url", "r2_url", "model"),
         DeclareLaunchArgument("start_servers", default_value="false",
                               description="also start the two vLLM servers (csr-ros serve vllm)"),
-        DeclareLaunchArgument("namespace", default_value="",
-                              description=ROBOT_ARGUMENTS["namespace"]),
-        DeclareLaunchArgument("robot_id", default_value="",
-                              description=ROBOT_ARGUMENTS["robot_id"]),
-        DeclareLaunchArgument("autostart", default_value="true",
-                              description=LIFECYCLE_ARGUMENTS["autostart"]),
+        *declare("namespace", "robot_id", "autostart"),
         DeclareLaunchArgument(
-            "vllm_config", default_value=PathJoinSubstitution([share, "config", "vllm.yaml"]),
+            "vllm_config",
+            default_value=PathJoinSubstitution([FindPackageShare("csr_ros"), "config",
+                                                "vllm.yaml"]),
             description="vLLM servers config for `csr-ros serve vllm`"),
         ExecuteProcess(cmd=["csr-ros", "serve", "vllm", "--config",
                             LaunchConfiguration("vllm_config")],

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from csr_ros.errors import ConfigError
-from csr_ros.launch_args import ROBOT_ARGUMENTS, node_namespace, robot_parameters
+from csr_ros.launch_args import ROBOT_ARGUMENTS, SHARED_ARGUMENTS, node_namespace, \
+    robot_parameters
 from csr_ros.ros_params import (MAX_ROBOT_ID_CHARS, SCHEMAS, check_robot_id, robot_id_for,
                                 validate)
 
@@ -82,23 +83,25 @@ def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
 
 
 def test_every_launch_file_that_starts_a_robots_nodes_takes_namespace_and_robot_id():
+    for argument in ROBOT_ARGUMENTS:                  # '' = the params file's, or none
+        assert SHARED_ARGUMENTS[argument][0] == ""
     for name in ROBOT_LAUNCH_FILES:
         tree = ast.parse((ROOT / "launch" / name).read_text())
-        declared = {c.args[0].value: c for c in _calls(tree, "DeclareLaunchArgument")}
-        for argument in ROBOT_ARGUMENTS:
-            call = declared.get(argument)
-            assert call is not None, f"{name} does not declare {argument}"
-            default = next(k.value for k in call.keywords if k.arg == "default_value")
-            assert isinstance(default, ast.Constant) and default.value == "", (name, argument)
-        nodes = _calls(tree, "Node")
+        declared = {c.args[0].value for c in _calls(tree, "DeclareLaunchArgument")} | \
+            {a.value for c in _calls(tree, "declare") for a in c.args}
+        assert set(ROBOT_ARGUMENTS) <= declared, name
+        # every node goes through launch_actions.node, which puts it in the namespace
+        assert _calls(tree, "Node") == [], name
         if name == "replay.launch.py":      # it includes robot or all, forwarding both
             text = (ROOT / "launch" / name).read_text()
             assert '"namespace": args["namespace"]' in text and \
                 '"robot_id": args["robot_id"]' in text
             continue
-        assert nodes, name
-        for node in nodes:
-            assert any(k.arg == "namespace" for k in node.keywords), (name, ast.unparse(node))
+        assert _calls(tree, "node"), name
+    shared = ast.parse((ROOT / "csr_ros" / "launch_actions.py").read_text())
+    (made,) = _calls(shared, "Node")
+    namespace = next(k.value for k in made.keywords if k.arg == "namespace")
+    assert ast.unparse(namespace) == "node_namespace(args['namespace'])"
 
 
 def test_the_nodes_topics_and_services_are_relative_so_a_namespace_moves_them():

@@ -33,41 +33,36 @@ from csr_ros.render import normalize_type_name
 from csr_ros.ros_params import (ParamSpec, bounds, check_params_files, check_value,
                                 constraints_text, type_problem)
 
+
+def _reliable(depth: int, *, latched: bool = False) -> QoSProfile:
+    """Keep-last `depth`, reliable; latched: transient local (a late joiner gets the last)."""
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth,
+                      reliability=ReliabilityPolicy.RELIABLE,
+                      durability=DurabilityPolicy.TRANSIENT_LOCAL if latched
+                      else DurabilityPolicy.VOLATILE)
+
+
 # The chunk stream must not lose a chunk under a burst (a bag replayed fast, many sources at
 # once): reliable, and deep enough that a slow subscriber catches up before keep-last drops.
-CHUNKS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000,
-                        reliability=ReliabilityPolicy.RELIABLE,
-                        durability=DurabilityPolicy.VOLATILE)
+CHUNKS_QOS = _reliable(1000)
 # Instant values: only the newest of each source matters.
-INSTANT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50,
-                         reliability=ReliabilityPolicy.RELIABLE,
-                         durability=DurabilityPolicy.VOLATILE)
+INSTANT_QOS = _reliable(50)
 # The active version: latched, so a node that starts later learns it at once.
-SWAPS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
-                       reliability=ReliabilityPolicy.RELIABLE,
-                       durability=DurabilityPolicy.TRANSIENT_LOCAL)
+SWAPS_QOS = _reliable(1, latched=True)
 # Decisions: reliable, and latched for the last few, so a monitor or logger that joins late
 # gets the latest decisions at once.
-DECISIONS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
-                           reliability=ReliabilityPolicy.RELIABLE,
-                           durability=DurabilityPolicy.TRANSIENT_LOCAL)
+DECISIONS_QOS = _reliable(10, latched=True)
 # Actions for a controller: reliable, and latched with depth 1, so a controller that joins late
 # (or restarts) gets exactly the latest action, whose valid_until says if it still holds, and
 # never an older one. Any subscriber matches: volatile gets only new ones, transient local the
 # latest at once; best effort matches too, but may lose actions on a lossy link.
-ACTIONS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
-                         reliability=ReliabilityPolicy.RELIABLE,
-                         durability=DurabilityPolicy.TRANSIENT_LOCAL)
+ACTIONS_QOS = _reliable(1, latched=True)
 # What diagnostic_aggregator and rqt_robot_monitor subscribe with.
-DIAGNOSTICS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
-                             reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.VOLATILE)
+DIAGNOSTICS_QOS = _reliable(10)
 # A subscriber of /rosout (a monitor, the replay harness): rcl's rosout publishers are
 # transient local (depth 1000, lifespan 10 s), so a subscriber that matches a node a moment
 # after it logged still gets the line.
-ROSOUT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000,
-                        reliability=ReliabilityPolicy.RELIABLE,
-                        durability=DurabilityPolicy.TRANSIENT_LOCAL)
+ROSOUT_QOS = _reliable(1000, latched=True)
 
 _ARRAY_TYPES = {str: Parameter.Type.STRING_ARRAY, int: Parameter.Type.INTEGER_ARRAY,
                 float: Parameter.Type.DOUBLE_ARRAY, bool: Parameter.Type.BOOL_ARRAY}
