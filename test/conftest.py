@@ -10,11 +10,11 @@ from csr_ros.ros_domain import free_ros_domain
 # The session's two vLLM servers, defined once here: a session fixture imported into several
 # test modules is one fixture per module, and each module's pair stayed up to the end of the
 # session (two pairs at once, about 9 GB, ran the CI machine out of memory).
-from vllm_server import vllm_pair, vllm_server  # noqa: E402,F401  (fixtures)
+from support.vllm_server import vllm_pair, vllm_server  # noqa: E402,F401  (fixtures)
 # The same for the llama.cpp servers: one session server for every module that asks for it
 # (imported into ten modules, it was ten servers, each up to the session's end).
-from llama_server import (fresh_llama_server, llama_server, llama_server_pair,  # noqa: E402,F401
-                          llama_server_with_key)
+from support.llama_server import (fresh_llama_server, llama_server,  # noqa: E402,F401
+                                  llama_server_pair, llama_server_with_key)
 
 # -- ROS 2: an isolated graph per run, and no silent skips where ROS is expected ---------------
 
@@ -122,7 +122,7 @@ def tiny_hybrid(tiny_hybrid_model):
 @pytest.fixture(scope="session")
 def robot_prompt(smollm2_engine):
     """A real CSR prompt for SmolLM2: (static_ids, dynamic_ids) from rendered robot chunks."""
-    from robot_prompts import robot_prompt_ids
+    from support.robot_prompts import robot_prompt_ids
 
     return robot_prompt_ids(smollm2_engine.tokenizer)
 

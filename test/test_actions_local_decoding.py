@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("llguidance")
 
-from robot_prompts import assert_bounds_hold, decide_pushed  # noqa: E402
+from support.robot_prompts import assert_bounds_hold, decide_pushed  # noqa: E402
 
 from csr_ros.actions import Vocabulary  # noqa: E402
 from csr_ros.demo_episode import Episode  # noqa: E402

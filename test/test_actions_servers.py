@@ -15,7 +15,7 @@ import httpx
 import pytest
 from test_openai_vllm_protocol import VllmLikeServer, robot_state
 
-from robot_prompts import BOUNDED_ACTIONS, assert_bounds_hold, decide_pushed
+from support.robot_prompts import BOUNDED_ACTIONS, assert_bounds_hold, decide_pushed
 
 from csr_ros.actions import Vocabulary
 from csr_ros.errors import ConfigError

@@ -26,7 +26,8 @@ from csr_ros.action import Decide  # noqa: E402
 from csr_ros.msg import StateChunk  # noqa: E402
 from csr_ros.nodes.common import CHUNKS_QOS  # noqa: E402
 from csr_ros.servers import free_port  # noqa: E402
-from ros_graph import ROOT, Graph, wait_for  # noqa: E402
+from support.ros_graph import ROOT, Graph  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 

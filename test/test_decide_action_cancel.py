@@ -6,22 +6,14 @@ server logs the client leaving) and the same server answers the next query."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
+
+from support.waiting import wait_for
 
 from csr_ros.errors import QueryCancelledError
 from csr_ros.layout import Layout
 from csr_ros.resources.base import QueryResult
 from csr_ros.state import CsrState
-
-
-def wait_for(condition, *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 COUNT = "Count from 1 to 300, one number after the other, separated by commas."

@@ -23,7 +23,8 @@ from csr_ros.msg import PolicyDecision  # noqa: E402
 from csr_ros.nodes.common import DECISIONS_QOS  # noqa: E402
 from csr_ros.nodes.policy import PolicyNode  # noqa: E402
 from csr_ros.ros_params import DEFAULT_ACTIONS  # noqa: E402
-from ros_graph import Graph, wait_for  # noqa: E402
+from support.ros_graph import Graph  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

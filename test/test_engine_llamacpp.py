@@ -17,7 +17,7 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from robot_prompts import assert_bounds_hold, decide_pushed  # noqa: E402
+from support.robot_prompts import assert_bounds_hold, decide_pushed  # noqa: E402
 
 from csr_ros.actions import Vocabulary  # noqa: E402
 from csr_ros.demo_episode import Episode  # noqa: E402

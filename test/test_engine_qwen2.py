@@ -46,7 +46,7 @@ def qwen(qwen_engine):
 @pytest.fixture(scope="module")
 def qwen_prompt(qwen_engine):
     """A real CSR prompt in Qwen's template: (static_ids, dynamic_ids)."""
-    from robot_prompts import robot_prompt_ids
+    from support.robot_prompts import robot_prompt_ids
 
     return robot_prompt_ids(qwen_engine.tokenizer)
 

@@ -14,7 +14,7 @@ from csr_ros.eval.episode import EvalEpisode, Question
 from csr_ros.eval.run import (LABEL_INSTRUCTION, TEXT_INSTRUCTION, Asking, QuestionRecord,
                               task_text)
 from csr_ros.eval.scoring import option_labels, option_order
-from choice_prompts import ROOMS, lettered_prompts, robot_state
+from support.choice_prompts import ROOMS, lettered_prompts, robot_state
 
 
 

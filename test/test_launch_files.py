@@ -482,7 +482,8 @@ def test_autostart_false_leaves_every_node_unconfigured_for_a_lifecycle_manager(
     """server.launch.py and robot.launch.py with autostart:=false: the three nodes wait,
     unconfigured, deciding nothing; a lifecycle manager's transitions (the lifecycle_msgs
     services) bring them up, and decisions come."""
-    from ros_graph import Graph, Lifecycle, wait_for
+    from support.ros_graph import Graph, Lifecycle
+    from support.waiting import wait_for
 
     from csr_ros.msg import PolicyDecision
     from csr_ros.nodes.common import DECISIONS_QOS

@@ -35,7 +35,8 @@ from csr_ros.nodes.common import (ACTIONS_QOS, CHUNKS_QOS, DECISIONS_QOS,  # noq
 from csr_ros.nodes.policy import PolicyNode  # noqa: E402
 from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
 from csr_ros.srv import GetChunks, Query  # noqa: E402
-from ros_graph import Graph, Lifecycle, NodeProcess, call, set_parameters, wait_for  # noqa: E402
+from support.ros_graph import Graph, Lifecycle, NodeProcess, call, set_parameters  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -345,7 +346,7 @@ def test_a_node_process_stopped_while_its_executor_is_busy_prints_no_unretrieved
     import subprocess
     import sys
 
-    from ros_graph import ROOT
+    from support.ros_graph import ROOT
 
     script = tmp_path / "busy_node.py"
     script.write_text(

@@ -29,7 +29,8 @@ from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from rosgraph_msgs.msg import Clock  # noqa: E402
-from ros_graph import Graph, NodeProcess  # noqa: E402
+from support.ros_graph import Graph, NodeProcess  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
 from csr_ros.errors import ConfigError  # noqa: E402
@@ -60,16 +61,6 @@ def policy_params(**extra) -> list[Parameter]:
               Parameter("resource.r1_url", Parameter.Type.STRING, DEAD_URL),
               Parameter("resource.r2_url", Parameter.Type.STRING, DEAD_URL)]
     return params + [Parameter(k, Parameter.Type.STRING, v) for k, v in extra.items()]
-
-
-def wait_for(condition, timeout_s: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture
@@ -603,7 +594,7 @@ def test_the_policy_of_all_in_one_waits_for_the_model_load_without_failed_querie
 def short_context_server(tmp_path):
     """llama.cpp with --n-ctx 4096 (as docs/benchmarks.md's typed-action runs), shorter than
     the params file's context_tokens 8192."""
-    from llama_server import make_llama_server
+    from support.llama_server import make_llama_server
 
     from csr_ros.servers import serving
 

@@ -30,7 +30,8 @@ from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, SWAPS_QOS  # noqa: E
 from csr_ros.nodes.policy import PolicyNode  # noqa: E402
 from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
 from csr_ros.srv import GetChunks  # noqa: E402
-from ros_graph import Graph, call, wait_for  # noqa: E402
+from support.ros_graph import Graph, call  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

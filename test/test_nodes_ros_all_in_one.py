@@ -28,7 +28,9 @@ from csr_ros.msg import PolicyDecision, StateChunk  # noqa: E402
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, chunk_event  # noqa: E402
 from csr_ros.srv import GetChunks, Query  # noqa: E402
 
-from ros_graph import ROOT, Graph, NodeProcess, call, wait_for  # noqa: E402
+from support.ros_graph import ROOT, Graph, NodeProcess, call  # noqa: E402
+
+from support.waiting import wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 

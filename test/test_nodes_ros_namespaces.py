@@ -37,7 +37,9 @@ from csr_ros.msg import PolicyDecision, StateChunk  # noqa: E402
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, chunk_event  # noqa: E402
 from csr_ros.srv import GetChunks  # noqa: E402
 
-from ros_graph import Graph, NodeProcess, call, wait_for  # noqa: E402
+from support.ros_graph import Graph, NodeProcess, call  # noqa: E402
+
+from support.waiting import wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow, pytest.mark.server]
 

@@ -24,7 +24,8 @@ from csr_ros.msg import StateChunk  # noqa: E402
 from csr_ros.nodes.common import CHUNKS_QOS, INSTANT_QOS, resolve_message_type  # noqa: E402
 from csr_ros.ros_params import load_params_file  # noqa: E402
 from csr_ros.srv import GetChunks  # noqa: E402
-from ros_graph import CONFIG, ROOT, Graph, NodeProcess, call, endpoints, wait_for  # noqa: E402
+from support.ros_graph import CONFIG, ROOT, Graph, NodeProcess, call, endpoints  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

@@ -28,7 +28,8 @@ from csr_ros.node_logic.health import QueryStats  # noqa: E402
 from csr_ros.nodes.common import ROSOUT_QOS  # noqa: E402
 from csr_ros.nodes.policy import PolicyNode  # noqa: E402
 from csr_ros.resources.base import QueryResult  # noqa: E402
-from ros_graph import Graph, NodeProcess, wait_for  # noqa: E402
+from support.ros_graph import Graph, NodeProcess  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

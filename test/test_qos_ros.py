@@ -25,7 +25,8 @@ from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
 from csr_ros.nodes.common import ACTIONS_QOS, DECISIONS_QOS, SWAPS_QOS  # noqa: E402
 from csr_ros.nodes.policy import PolicyNode  # noqa: E402
 from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
-from ros_graph import Lifecycle, wait_for  # noqa: E402
+from support.ros_graph import Lifecycle  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

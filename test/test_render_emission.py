@@ -19,7 +19,7 @@ from csr_ros.cli import main as cli_main
 from csr_ros.errors import ConfigError
 from csr_ros.render import EmissionConfig, Emitter, EmitterSource, RenderOptions, render, to_plain
 from csr_ros.ros_params import parse_params_yaml, validate
-from rosmsg_shapes import message_class
+from support.rosmsg_shapes import message_class
 
 S = 1_000_000_000
 CONFIG = "config/csr_ros.yaml"

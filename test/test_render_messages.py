@@ -12,7 +12,7 @@ from rosbags.typesys import Stores, get_typestore, get_types_from_msg
 from csr_ros.errors import ConfigError
 from csr_ros.render import (RenderOptions, header_stamp_ns, message_type_name,
                             normalize_type_name, render, to_plain)
-from rosmsg_shapes import Header, LaserScan, Pose, Point, Quaternion, String, Time
+from support.rosmsg_shapes import Header, LaserScan, Pose, Point, Quaternion, String, Time
 
 STAMP_NS = 1_700_000_000_250_000_000
 RANGES = [2.0, 1.5, float("inf"), 0.75, 3.0, 0.05]   # 0.05 is below range_min: not valid

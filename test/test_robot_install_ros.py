@@ -26,7 +26,8 @@ from std_msgs.msg import String  # noqa: E402
 from csr_ros.actions import Vocabulary  # noqa: E402
 from csr_ros.msg import Action, PolicyDecision, StateChunk  # noqa: E402
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS  # noqa: E402
-from ros_graph import ROOT, Graph, NodeProcess, wait_for  # noqa: E402
+from support.ros_graph import ROOT, Graph, NodeProcess  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.server, pytest.mark.slow]
 

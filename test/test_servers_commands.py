@@ -205,7 +205,7 @@ def test_serve_the_router_pool_and_the_test_servers_build_their_vllm_flags_from_
     """`csr-ros serve`, the router's pool and the test servers run config/vllm_cpu.yaml's
     flags; each differs from it only where it says why, and editing the file changes all."""
     import yaml
-    from vllm_server import make_vllm_server
+    from support.vllm_server import make_vllm_server
 
     def built(config_path: Path) -> tuple:
         monkeypatch.setattr(servers, "VLLM_CPU_CONFIG", config_path)

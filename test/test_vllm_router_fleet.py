@@ -19,7 +19,7 @@ from csr_ros.layout import Layout
 from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.router import ServerPool, vllm_router_executable
 from csr_ros.state import CsrState
-from vllm_server import BLOCK_SIZE, VLLM_REQUIRED  # vllm_pair: a conftest fixture
+from support.vllm_server import BLOCK_SIZE, VLLM_REQUIRED  # vllm_pair: a conftest fixture
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -1,5 +1,5 @@
 """Every vLLM code path of OpenAIResource against real vLLM servers (vLLM's CPU backend, two
-servers shared by the whole session: test/vllm_server.py).
+servers shared by the whole session: test/support/vllm_server.py).
 
 The first start compiles for minutes; the tests themselves are few and short, and what they
 assert holds at any machine speed (cache hits, parsed answers, matching log-probabilities,
@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from robot_prompts import BOUNDED_ACTIONS, assert_bounds_hold, decide_pushed
+from support.robot_prompts import BOUNDED_ACTIONS, assert_bounds_hold, decide_pushed
+from support.vllm_server import BLOCK_SIZE, MODEL_NAME, _vllm_or_skip  # vllm_pair: conftest's
 
 from csr_ros.actions import Vocabulary
 from csr_ros.errors import ResourceUnavailableError
@@ -24,7 +25,6 @@ from csr_ros.layout import Layout
 from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.resources.remote_tokenizer import RemoteTokenizer
 from csr_ros.state import CsrState
-from vllm_server import BLOCK_SIZE, MODEL_NAME, _vllm_or_skip  # vllm_pair, vllm_server: conftest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -203,7 +203,7 @@ def test_vllm_gives_the_letter_and_letter_scores_the_float32_local_engine_gives(
     """Label scoring, float32 both: vLLM scores the letters by logprob_token_ids from its
     cache, the local engine in one pass over the dynamic part; the same letter on every
     prompt."""
-    from choice_prompts import lettered_prompts
+    from support.choice_prompts import lettered_prompts
 
     from csr_ros.resources.local import LocalResource
 

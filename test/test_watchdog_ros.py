@@ -23,7 +23,7 @@ from test_nodes_ros import SPEECH, say  # noqa: E402
 
 from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
 from csr_ros.nodes.policy import PolicyNode  # noqa: E402
-from ros_graph import wait_for  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

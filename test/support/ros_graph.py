@@ -1,6 +1,7 @@
 """Helpers of the ROS node tests: a background-spun graph in this process, node processes
 started as a robot integrator starts them (`python -m csr_ros.nodes.<node> --ros-args ...`),
-and waiting without fixed sleeps. Imported only by tests that have rclpy (see conftest)."""
+and service calls and lifecycle transitions as the ROS 2 tools make them. Imported only by
+tests that have rclpy (see conftest)."""
 
 from __future__ import annotations
 
@@ -17,18 +18,10 @@ from rclpy.utilities import get_default_context
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "csr_ros.yaml"
-
-
-def wait_for(condition, timeout_s: float = 30.0, what: str = "condition", every_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 class Graph:
