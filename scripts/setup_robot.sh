@@ -3,7 +3,7 @@
 # `local` extra (so no torch, transformers or llama.cpp: the model runs on a server), ROS 2
 # Jazzy from the PyPI wheels of scripts/ros-jazzy-wheels.txt, and this package's interfaces
 # built against that venv into build/interfaces-robot (the nodes find them through
-# CSR_ROS_INTERFACES=build/interfaces-robot/install). test/test_robot_install_ros.py starts
+# CSR_ROS_INTERFACES=build/interfaces-robot/install). test/ros/test_robot_install_ros.py starts
 # the aggregator and the policy node from it against a llama.cpp server.
 #
 #   bash scripts/setup_robot.sh        (scripts/setup.sh --robot runs it; PYTHON picks the base)

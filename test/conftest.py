@@ -1,4 +1,7 @@
-"""Shared fixtures. Keep each one small; append new fixtures below the existing ones."""
+"""Shared fixtures. Keep each one small; append new fixtures below the existing ones.
+
+What only the ROS tests need (rclpy, a graph, probes) is in test/ros/conftest.py; what every
+test needs, and what must hold for the processes any test starts, is here."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import os
 import pytest
 
 from csr_ros.ros_domain import free_ros_domain
+from support.ros_check import ros_missing
 # The session's two vLLM servers, defined once here: a session fixture imported into several
 # test modules is one fixture per module, and each module's pair stayed up to the end of the
 # session (two pairs at once, about 9 GB, ran the CI machine out of memory).
@@ -29,22 +33,6 @@ def pytest_configure(config):
     # processes it starts, which inherit the environment) never meet another run's or a robot's.
     os.environ["ROS_DOMAIN_ID"] = str(free_ros_domain())
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-
-
-def ros_missing() -> str | None:
-    """Why the ROS tests cannot run here, or None."""
-    try:
-        import rclpy  # noqa: F401
-    except ImportError as exc:
-        return (f"rclpy does not import ({exc}): run `bash scripts/setup.sh --ros` (ROS 2 Jazzy "
-                "from PyPI) or source a ROS 2 install")
-    try:
-        from csr_ros.msg import StateChunk  # noqa: F401
-        from csr_ros.srv import GetChunks  # noqa: F401
-    except ImportError as exc:
-        return (f"the csr_ros interfaces do not import ({exc}): run `bash "
-                "scripts/build_interfaces.sh` (or colcon build and source install/setup.bash)")
-    return None
 
 
 def pytest_sessionstart(session):

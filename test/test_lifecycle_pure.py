@@ -1,7 +1,7 @@
 """The pure halves of nodes that stay up: callback faults said once then counted, the state a
 managed node reports, and what a launch says when one of its nodes dies or its bag player
 fails (csr_ros.node_logic.callback_faults, .transitions, csr_ros.launch_args). The rclpy halves
-are in test/test_lifecycle_ros.py and test/test_launch_files.py."""
+are in test/ros/test_lifecycle_ros.py and test/ros/test_launch_files.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The pure halves of the node defects found on a real ROS 2 graph (issue: capacity, stream
 restarts, late joiners, time jumps, parameters, launch arguments). The rclpy halves are in
-test/test_node_defects_ros.py."""
+test/ros/test_node_defects_ros.py."""
 
 from __future__ import annotations
 
@@ -436,7 +436,7 @@ def test_the_bag_player_scales_bag_time_by_the_rate_after_the_start_offset():
 
 def test_a_bad_bag_argument_is_refused_before_anything_is_launched(tmp_path, monkeypatch):
     """Every bag argument is checked by check_bag, which the replay launch calls before it
-    describes any node (the rclpy half: test/test_launch_files.py)."""
+    describes any node (the rclpy half: test/ros/test_launch_files.py)."""
     import os
     import sys
 

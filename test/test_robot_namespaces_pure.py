@@ -1,8 +1,8 @@
 """Several robots on one graph, without ROS: the robot_id parameter, the namespace:= and
 robot_id:= launch arguments (csr_ros/launch_args.py) and what the launch files and nodes
 declare. The rclpy half, two namespaced robots on one graph, is
-test/test_nodes_ros_namespaces.py; the launch files under `ros2 launch` are in
-test/test_launch_files.py."""
+test/ros/test_nodes_ros_namespaces.py; the launch files under `ros2 launch` are in
+test/ros/test_launch_files.py."""
 
 from __future__ import annotations
 

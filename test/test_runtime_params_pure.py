@@ -1,6 +1,7 @@
 """Parameters that change while a node runs, without ROS: which may (none of them changes the
 cached prefix), the ranges the descriptors carry, and why a refused change is refused
-(csr_ros.ros_params). Through the real SetParameters service: test/test_runtime_params_ros.py."""
+(csr_ros.ros_params). Through the real SetParameters service:
+test/ros/test_runtime_params_ros.py."""
 
 from __future__ import annotations
 

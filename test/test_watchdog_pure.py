@@ -1,6 +1,6 @@
 """The policy's decision watchdog as a pure state machine (csr_ros.node_logic.watchdog): when
 the controller is told to hold the safe action, once, with the cause, and when it is not.
-The node half (a real server killed mid-run) is in test/test_watchdog_ros.py."""
+The node half (a real server killed mid-run) is in test/ros/test_watchdog_ros.py."""
 
 from __future__ import annotations
 

@@ -16,18 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ros_missing
+from std_msgs.msg import String
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
+from csr_ros.actions import Vocabulary
+from csr_ros.msg import Action, PolicyDecision, StateChunk
+from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS
 
-from std_msgs.msg import String  # noqa: E402
-
-from csr_ros.actions import Vocabulary  # noqa: E402
-from csr_ros.msg import Action, PolicyDecision, StateChunk  # noqa: E402
-from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS  # noqa: E402
-from support.ros_graph import ROOT, Graph, NodeProcess  # noqa: E402
-from support.waiting import wait_for  # noqa: E402
+from support.ros_graph import ROOT, Graph, NodeProcess
+from support.waiting import wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.server, pytest.mark.slow]
 

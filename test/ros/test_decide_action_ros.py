@@ -9,34 +9,22 @@ import threading
 
 import pytest
 
-from conftest import ros_missing
+from action_msgs.msg import GoalStatus
+from rclpy.action import ActionClient
+from rclpy.parameter import Parameter
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
+from csr_ros.action import Decide
+from csr_ros.msg import PolicyDecision
+from csr_ros.nodes.common import DECISIONS_QOS
+from csr_ros.nodes.policy import PolicyNode
+from csr_ros.ros_params import DEFAULT_ACTIONS
 
-from action_msgs.msg import GoalStatus  # noqa: E402
-from rclpy.action import ActionClient  # noqa: E402
-from rclpy.parameter import Parameter  # noqa: E402
-
-from csr_ros.action import Decide  # noqa: E402
-from csr_ros.msg import PolicyDecision  # noqa: E402
-from csr_ros.nodes.common import DECISIONS_QOS  # noqa: E402
-from csr_ros.nodes.policy import PolicyNode  # noqa: E402
-from csr_ros.ros_params import DEFAULT_ACTIONS  # noqa: E402
-from support.ros_graph import Graph  # noqa: E402
-from support.waiting import wait_for  # noqa: E402
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 
 COUNT = "Count from 1 to 500, one number after the other, separated by commas."
 PERIODIC_TASK = "Decide the robot's next action in one short line."
-
-
-@pytest.fixture
-def graph():
-    g = Graph()
-    yield g
-    g.close()
 
 
 class Goal:

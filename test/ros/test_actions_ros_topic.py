@@ -11,22 +11,17 @@ import json
 
 import pytest
 
-from conftest import ros_missing
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.parameter import Parameter
+from std_msgs.msg import String
+from test_nodes_ros import SPEECH, say, wait_for  # noqa: F401  (fixture)
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
-
-from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
-from rclpy.parameter import Parameter  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
-from test_nodes_ros import SPEECH, graph, say, wait_for  # noqa: E402,F401  (fixture)
-
-from csr_ros.actions import Vocabulary  # noqa: E402
-from csr_ros.msg import Action, PolicyDecision  # noqa: E402
-from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
-from csr_ros.nodes.common import DECISIONS_QOS, DIAGNOSTICS_QOS  # noqa: E402
-from csr_ros.nodes.policy import PolicyNode  # noqa: E402
-from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
+from csr_ros.actions import Vocabulary
+from csr_ros.msg import Action, PolicyDecision
+from csr_ros.nodes.aggregator import AggregatorNode
+from csr_ros.nodes.common import DECISIONS_QOS, DIAGNOSTICS_QOS
+from csr_ros.nodes.policy import PolicyNode
+from csr_ros.nodes.reconciler import ReconcilerNode
 
 pytestmark = pytest.mark.ros
 

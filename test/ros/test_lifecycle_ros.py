@@ -17,37 +17,26 @@ import time
 import pytest
 import yaml
 
-from conftest import ros_missing
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from rcl_interfaces.msg import Log
+from rclpy.parameter import Parameter
+from std_msgs.msg import String
+from test_nodes_ros import SPEECH, say
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
-
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
-from rcl_interfaces.msg import Log  # noqa: E402
-from rclpy.parameter import Parameter  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
-from test_nodes_ros import SPEECH, say  # noqa: E402
-
-from csr_ros.msg import Action, PolicyDecision, StateChunk  # noqa: E402
-from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
-from csr_ros.nodes.common import (ACTIONS_QOS, CHUNKS_QOS, DECISIONS_QOS,  # noqa: E402
+from csr_ros.msg import Action, PolicyDecision, StateChunk
+from csr_ros.nodes.aggregator import AggregatorNode
+from csr_ros.nodes.common import (ACTIONS_QOS, CHUNKS_QOS, DECISIONS_QOS,
                                   DIAGNOSTICS_QOS, ROSOUT_QOS)
-from csr_ros.nodes.policy import PolicyNode  # noqa: E402
-from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
-from csr_ros.srv import GetChunks, Query  # noqa: E402
-from support.ros_graph import Graph, Lifecycle, NodeProcess, call, set_parameters  # noqa: E402
-from support.waiting import wait_for  # noqa: E402
+from csr_ros.nodes.policy import PolicyNode
+from csr_ros.nodes.reconciler import ReconcilerNode
+from csr_ros.srv import GetChunks, Query
+
+from support.ros_graph import Lifecycle, NodeProcess, call, set_parameters
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 
 DEAD_URL = "http://127.0.0.1:9"          # discard port: nothing answers
-
-
-@pytest.fixture
-def graph():
-    g = Graph()
-    yield g
-    g.close()
 
 
 @pytest.fixture

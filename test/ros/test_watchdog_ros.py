@@ -11,19 +11,15 @@ import signal
 
 import pytest
 
-from conftest import ros_missing
+from diagnostic_msgs.msg import DiagnosticStatus
+from rclpy.parameter import Parameter
+from test_lifecycle_ros import probe, status_of  # noqa: F401  (fixtures)
+from test_nodes_ros import SPEECH, say
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
+from csr_ros.nodes.aggregator import AggregatorNode
+from csr_ros.nodes.policy import PolicyNode
 
-from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
-from rclpy.parameter import Parameter  # noqa: E402
-from test_lifecycle_ros import graph, probe, status_of  # noqa: E402,F401  (fixtures)
-from test_nodes_ros import SPEECH, say  # noqa: E402
-
-from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
-from csr_ros.nodes.policy import PolicyNode  # noqa: E402
-from support.waiting import wait_for  # noqa: E402
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 

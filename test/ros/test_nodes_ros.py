@@ -2,7 +2,7 @@
 
 `bash scripts/test.sh` installs ROS 2 Jazzy from PyPI wheels and builds the interfaces
 (`scripts/setup.sh --ros`), so these run on every CI run; `python -m pytest
-test/test_nodes_ros.py` runs them from the checkout. On a full ROS 2 install: `colcon build
+test/ros/test_nodes_ros.py` runs them from the checkout. On a full ROS 2 install: `colcon build
 --packages-select csr_ros && source install/setup.bash` first.
 
 Chunks are published into the aggregator, a decision and a swap event come out of the policy
@@ -16,22 +16,18 @@ import time
 
 import pytest
 
-from conftest import ros_missing
+from rclpy.parameter import Parameter
+from std_msgs.msg import String
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
+from csr_ros.msg import PolicyDecision, StateChunk, SwapEvent
+from csr_ros.nodes.aggregator import AggregatorNode
+from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, SWAPS_QOS
+from csr_ros.nodes.policy import PolicyNode
+from csr_ros.nodes.reconciler import ReconcilerNode
+from csr_ros.srv import GetChunks
 
-from rclpy.parameter import Parameter  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
-
-from csr_ros.msg import PolicyDecision, StateChunk, SwapEvent  # noqa: E402
-from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
-from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, SWAPS_QOS  # noqa: E402
-from csr_ros.nodes.policy import PolicyNode  # noqa: E402
-from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
-from csr_ros.srv import GetChunks  # noqa: E402
-from support.ros_graph import Graph, call  # noqa: E402
-from support.waiting import wait_for  # noqa: E402
+from support.ros_graph import call
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 
@@ -41,13 +37,6 @@ SPEECH = [Parameter("sources", Parameter.Type.STRING_ARRAY, ["speech", "goal"]),
           Parameter("source.goal.topic", Parameter.Type.STRING, "/test/goal"),
           Parameter("source.goal.type", Parameter.Type.STRING, "std_msgs/msg/String"),
           Parameter("source.goal.instant", Parameter.Type.BOOL, True)]
-
-
-@pytest.fixture
-def graph():
-    g = Graph()
-    yield g
-    g.close()
 
 
 @pytest.fixture

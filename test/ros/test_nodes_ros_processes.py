@@ -12,32 +12,21 @@ import sys
 import pytest
 import yaml
 
-from conftest import ros_missing
+from rclpy.serialization import serialize_message
+from std_msgs.msg import String
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
+from csr_ros.msg import StateChunk
+from csr_ros.nodes.common import CHUNKS_QOS, INSTANT_QOS, resolve_message_type
+from csr_ros.ros_params import load_params_file
+from csr_ros.srv import GetChunks
 
-from rclpy.serialization import serialize_message  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
-
-from csr_ros.msg import StateChunk  # noqa: E402
-from csr_ros.nodes.common import CHUNKS_QOS, INSTANT_QOS, resolve_message_type  # noqa: E402
-from csr_ros.ros_params import load_params_file  # noqa: E402
-from csr_ros.srv import GetChunks  # noqa: E402
-from support.ros_graph import CONFIG, ROOT, Graph, NodeProcess, call, endpoints  # noqa: E402
-from support.waiting import wait_for  # noqa: E402
+from support.ros_graph import CONFIG, ROOT, Graph, NodeProcess, call, endpoints
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 
 START_LINES = {"aggregator": "aggregating", "policy": "deciding at",
                "reconciler": "reconciling over", "all_in_one": "deciding at"}
-
-
-@pytest.fixture
-def graph():
-    g = Graph()
-    yield g
-    g.close()
 
 
 @pytest.fixture

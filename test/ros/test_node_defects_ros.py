@@ -18,32 +18,28 @@ from pathlib import Path
 import pytest
 import yaml
 
-rclpy = pytest.importorskip("rclpy", reason="rclpy not available: needs ROS 2 (scripts/setup.sh "
-                                            "--ros)")
-pytest.importorskip("csr_ros.msg", reason="csr_ros interfaces not built: bash "
-                                          "scripts/build_interfaces.sh")
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from rcl_interfaces.msg import Log
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from rosgraph_msgs.msg import Clock
+from std_msgs.msg import String
 
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
-from rcl_interfaces.msg import Log  # noqa: E402
-from rclpy.node import Node  # noqa: E402
-from rclpy.parameter import Parameter  # noqa: E402
-from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
-from rosgraph_msgs.msg import Clock  # noqa: E402
-from support.ros_graph import Graph, NodeProcess  # noqa: E402
-from support.waiting import wait_for  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
-
-from csr_ros.errors import ConfigError  # noqa: E402
-from csr_ros.msg import StateChunk, SwapEvent  # noqa: E402
-from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
-from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, ROSOUT_QOS,  # noqa: E402
+from csr_ros.errors import ConfigError
+from csr_ros.msg import StateChunk, SwapEvent
+from csr_ros.nodes.aggregator import AggregatorNode
+from csr_ros.nodes.common import (CHUNKS_QOS, DIAGNOSTICS_QOS, ROSOUT_QOS,
                                   SWAPS_QOS)
-from csr_ros.nodes.policy import PolicyNode  # noqa: E402
-from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
+from csr_ros.nodes.policy import PolicyNode
+from csr_ros.nodes.reconciler import ReconcilerNode
+
+from support.ros_graph import NodeProcess
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEAD_URL = "http://127.0.0.1:9"          # discard port: nothing answers
 
 
@@ -61,13 +57,6 @@ def policy_params(**extra) -> list[Parameter]:
               Parameter("resource.r1_url", Parameter.Type.STRING, DEAD_URL),
               Parameter("resource.r2_url", Parameter.Type.STRING, DEAD_URL)]
     return params + [Parameter(k, Parameter.Type.STRING, v) for k, v in extra.items()]
-
-
-@pytest.fixture
-def graph():
-    g = Graph()
-    yield g
-    g.close()
 
 
 @pytest.fixture

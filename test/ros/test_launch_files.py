@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch_missing() -> str | None:
@@ -40,7 +40,6 @@ def launch_missing() -> str | None:
     except PackageNotFoundError:
         return "csr_ros is not in AMENT_PREFIX_PATH: colcon build it and source install/setup.bash"
     return None
-
 
 pytestmark = [pytest.mark.launch, pytest.mark.slow,
               pytest.mark.skipif(launch_missing() is not None, reason=str(launch_missing()))]

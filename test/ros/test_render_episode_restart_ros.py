@@ -7,22 +7,17 @@ import time
 
 import pytest
 
-from conftest import ros_missing
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from std_msgs.msg import String
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
-
-import rclpy  # noqa: E402
-from rclpy.executors import SingleThreadedExecutor  # noqa: E402
-from rclpy.node import Node  # noqa: E402
-from rclpy.parameter import Parameter  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
-
-from csr_ros.chunklog import ChunkLog, ChunkRecord  # noqa: E402
-from csr_ros.msg import StateChunk  # noqa: E402
-from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
-from csr_ros.nodes.common import CHUNKS_QOS  # noqa: E402
-from csr_ros.state import Chunk, Seq  # noqa: E402
+from csr_ros.chunklog import ChunkLog, ChunkRecord
+from csr_ros.msg import StateChunk
+from csr_ros.nodes.aggregator import AggregatorNode
+from csr_ros.nodes.common import CHUNKS_QOS
+from csr_ros.state import Chunk, Seq
 
 pytestmark = pytest.mark.ros
 

@@ -9,24 +9,20 @@ import time
 
 import pytest
 
-from conftest import ros_missing
+from rclpy.parameter import Parameter
+from rclpy.qos import DurabilityPolicy, ReliabilityPolicy, qos_profile_sensor_data
+from std_msgs.msg import String
+from test_lifecycle_ros import policy_on, probe  # noqa: F401  (fixtures)
+from test_nodes_ros import SPEECH, say
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
+from csr_ros.msg import Action, PolicyDecision, SwapEvent
+from csr_ros.nodes.aggregator import AggregatorNode
+from csr_ros.nodes.common import ACTIONS_QOS, DECISIONS_QOS, SWAPS_QOS
+from csr_ros.nodes.policy import PolicyNode
+from csr_ros.nodes.reconciler import ReconcilerNode
 
-from rclpy.parameter import Parameter  # noqa: E402
-from rclpy.qos import DurabilityPolicy, ReliabilityPolicy, qos_profile_sensor_data  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
-from test_lifecycle_ros import graph, policy_on, probe  # noqa: E402,F401  (fixtures)
-from test_nodes_ros import SPEECH, say  # noqa: E402
-
-from csr_ros.msg import Action, PolicyDecision, SwapEvent  # noqa: E402
-from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
-from csr_ros.nodes.common import ACTIONS_QOS, DECISIONS_QOS, SWAPS_QOS  # noqa: E402
-from csr_ros.nodes.policy import PolicyNode  # noqa: E402
-from csr_ros.nodes.reconciler import ReconcilerNode  # noqa: E402
-from support.ros_graph import Lifecycle  # noqa: E402
-from support.waiting import wait_for  # noqa: E402
+from support.ros_graph import Lifecycle
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 

@@ -8,19 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ros_missing
+from rcl_interfaces.srv import DescribeParameters, GetParameters
+from test_lifecycle_ros import policy_on, probe  # noqa: F401  (fixtures)
+from test_nodes_ros import SPEECH, say
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
+from csr_ros.nodes.aggregator import AggregatorNode
+from csr_ros.nodes.policy import PolicyNode
 
-from rcl_interfaces.srv import DescribeParameters, GetParameters  # noqa: E402
-from test_lifecycle_ros import graph, policy_on, probe  # noqa: E402,F401  (fixtures)
-from test_nodes_ros import SPEECH, say  # noqa: E402
-
-from csr_ros.nodes.aggregator import AggregatorNode  # noqa: E402
-from csr_ros.nodes.policy import PolicyNode  # noqa: E402
-from support.ros_graph import Lifecycle, call, set_parameters  # noqa: E402
-from support.waiting import wait_for  # noqa: E402
+from support.ros_graph import Lifecycle, call, set_parameters
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 

@@ -15,32 +15,21 @@ import time
 import pytest
 import yaml
 
-from conftest import ros_missing
+from rcl_interfaces.msg import Log
+from rclpy.node import Node
+from rclpy.parameter import Parameter
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
+from csr_ros.node_logic.health import QueryStats
+from csr_ros.nodes.common import ROSOUT_QOS
+from csr_ros.nodes.policy import PolicyNode
+from csr_ros.resources.base import QueryResult
 
-from rcl_interfaces.msg import Log  # noqa: E402
-from rclpy.node import Node  # noqa: E402
-from rclpy.parameter import Parameter  # noqa: E402
-
-from csr_ros.node_logic.health import QueryStats  # noqa: E402
-from csr_ros.nodes.common import ROSOUT_QOS  # noqa: E402
-from csr_ros.nodes.policy import PolicyNode  # noqa: E402
-from csr_ros.resources.base import QueryResult  # noqa: E402
-from support.ros_graph import Graph, NodeProcess  # noqa: E402
-from support.waiting import wait_for  # noqa: E402
+from support.ros_graph import NodeProcess
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 
 DEAD_URL = "http://127.0.0.1:9"          # discard port: nothing answers
-
-
-@pytest.fixture
-def graph():
-    g = Graph()
-    yield g
-    g.close()
 
 
 def _stats(decisions_per_s: float, took_s: float) -> QueryStats:

@@ -14,20 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ros_missing
+from rclpy.action import ActionClient
+from std_msgs.msg import String
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
+from csr_ros.action import Decide
+from csr_ros.msg import StateChunk
+from csr_ros.nodes.common import CHUNKS_QOS
+from csr_ros.servers import free_port
 
-from rclpy.action import ActionClient  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
-
-from csr_ros.action import Decide  # noqa: E402
-from csr_ros.msg import StateChunk  # noqa: E402
-from csr_ros.nodes.common import CHUNKS_QOS  # noqa: E402
-from csr_ros.servers import free_port  # noqa: E402
-from support.ros_graph import ROOT, Graph  # noqa: E402
-from support.waiting import wait_for  # noqa: E402
+from support.ros_graph import ROOT
+from support.waiting import wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -48,13 +44,6 @@ def install() -> Path:
                            text=True, timeout=1200)
     assert build.returncode == 0, build.stdout + build.stderr
     return WORKSPACE / "install"
-
-
-@pytest.fixture
-def graph():
-    g = Graph()
-    yield g
-    g.close()
 
 
 class InstalledNode:

@@ -15,22 +15,16 @@ import time
 import pytest
 import yaml
 
-from conftest import ros_missing
+from std_msgs.msg import String
+from test_nodes_ros_processes import wait_reliable_subscription
 
-if ros_missing():   # with CSR_ROS_REQUIRE_ROS=1 or CI=true the session has stopped already
-    pytest.skip(ros_missing(), allow_module_level=True)
+from csr_ros import ros_params
+from csr_ros.msg import PolicyDecision, StateChunk
+from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, chunk_event
+from csr_ros.srv import GetChunks, Query
 
-from std_msgs.msg import String  # noqa: E402
-from test_nodes_ros_processes import wait_reliable_subscription  # noqa: E402
-
-from csr_ros import ros_params  # noqa: E402
-from csr_ros.msg import PolicyDecision, StateChunk  # noqa: E402
-from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, chunk_event  # noqa: E402
-from csr_ros.srv import GetChunks, Query  # noqa: E402
-
-from support.ros_graph import ROOT, Graph, NodeProcess, call  # noqa: E402
-
-from support.waiting import wait_for  # noqa: E402
+from support.ros_graph import ROOT, Graph, NodeProcess, call
+from support.waiting import wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
