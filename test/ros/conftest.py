@@ -1,6 +1,6 @@
 """What only the ROS tests need: every module here imports rclpy and the csr_ros interfaces, so
-each is skipped with the reason where they do not import (before the module is imported), and
-the graph the in-process nodes spin in.
+each is skipped with the reason where they do not import (before the module is imported); the
+graph the in-process nodes spin in, and the probe that records what they publish.
 
 Where ROS is required (CI, or CSR_ROS_REQUIRE_ROS=1) a missing rclpy has stopped the session
 already (test/conftest.py), so nothing here is skipped silently there.
@@ -36,3 +36,34 @@ def graph():
     g = Graph()
     yield g
     g.close()
+
+
+@pytest.fixture
+def probe(graph):
+    """Records what the nodes publish: chunks, decisions, actions, /diagnostics, /rosout.
+
+    A module whose tests read another recorder defines its own `probe`, which wins there."""
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rcl_interfaces.msg import Log
+    from std_msgs.msg import String
+
+    from csr_ros.msg import Action, PolicyDecision, StateChunk
+    from csr_ros.nodes.common import (ACTIONS_QOS, CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS,
+                                      ROSOUT_QOS)
+
+    node = graph.node("csr_ros_lifecycle_probe")
+    node.received = {"chunks": [], "decisions": [], "actions": [], "logs": []}
+    node.statuses: dict[str, list] = {}
+    node.speech_pub = node.create_publisher(String, "/test/speech", 100)
+    node.chunks_sub = node.create_subscription(StateChunk, "csr/chunks",
+                                               node.received["chunks"].append, CHUNKS_QOS)
+    node.create_subscription(PolicyDecision, "csr/decisions", node.received["decisions"].append,
+                             DECISIONS_QOS)
+    node.create_subscription(Action, "csr/actions", node.received["actions"].append, ACTIONS_QOS)
+    node.create_subscription(Log, "/rosout", node.received["logs"].append, ROSOUT_QOS)
+
+    def diagnostics(msg):
+        for status in msg.status:
+            node.statuses.setdefault(status.name, []).append(status)
+    node.create_subscription(DiagnosticArray, "/diagnostics", diagnostics, DIAGNOSTICS_QOS)
+    return node

@@ -14,7 +14,6 @@ import pytest
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.parameter import Parameter
 from std_msgs.msg import String
-from test_nodes_ros import SPEECH, say, wait_for  # noqa: F401  (fixture)
 
 from csr_ros.actions import Vocabulary
 from csr_ros.msg import Action, PolicyDecision
@@ -23,6 +22,9 @@ from csr_ros.nodes.common import DECISIONS_QOS, DIAGNOSTICS_QOS
 from csr_ros.nodes.policy import PolicyNode
 from csr_ros.nodes.reconciler import ReconcilerNode
 
+from support.ros_nodes import SPEECH, say
+from support.waiting import wait_for
+
 pytestmark = pytest.mark.ros
 
 VOCABULARY = ["wait()", "go_to(place: $places)", "say(text: str)", "turn(degrees: int)"]
@@ -30,7 +32,7 @@ SEEN = [r"places=waypoint ([a-z_]+)"]
 PLACES = ["dock", "kitchen_door", "charger"]
 
 
-def test_the_actions_topic_carries_parsed_typed_actions(graph):  # noqa: F811
+def test_the_actions_topic_carries_parsed_typed_actions(graph):
     from rclpy.node import Node
 
     shared = [Parameter("resource.kind", Parameter.Type.STRING, "local"),

@@ -17,62 +17,23 @@ import time
 import pytest
 import yaml
 
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from diagnostic_msgs.msg import DiagnosticStatus
 from rcl_interfaces.msg import Log
 from rclpy.parameter import Parameter
 from std_msgs.msg import String
-from test_nodes_ros import SPEECH, say
 
-from csr_ros.msg import Action, PolicyDecision, StateChunk
 from csr_ros.nodes.aggregator import AggregatorNode
-from csr_ros.nodes.common import (ACTIONS_QOS, CHUNKS_QOS, DECISIONS_QOS,
-                                  DIAGNOSTICS_QOS, ROSOUT_QOS)
 from csr_ros.nodes.policy import PolicyNode
 from csr_ros.nodes.reconciler import ReconcilerNode
 from csr_ros.srv import GetChunks, Query
 
 from support.ros_graph import Lifecycle, NodeProcess, call, set_parameters
+from support.ros_nodes import SPEECH, policy_on, say, status_of
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 
 DEAD_URL = "http://127.0.0.1:9"          # discard port: nothing answers
-
-
-@pytest.fixture
-def probe(graph):
-    """Records what the nodes publish: chunks, decisions, actions, /diagnostics, /rosout."""
-    node = graph.node("csr_ros_lifecycle_probe")
-    node.received = {"chunks": [], "decisions": [], "actions": [], "logs": []}
-    node.statuses: dict[str, list] = {}
-    node.speech_pub = node.create_publisher(String, "/test/speech", 100)
-    node.chunks_sub = node.create_subscription(StateChunk, "csr/chunks",
-                                               node.received["chunks"].append, CHUNKS_QOS)
-    node.create_subscription(PolicyDecision, "csr/decisions", node.received["decisions"].append,
-                             DECISIONS_QOS)
-    node.create_subscription(Action, "csr/actions", node.received["actions"].append, ACTIONS_QOS)
-    node.create_subscription(Log, "/rosout", node.received["logs"].append, ROSOUT_QOS)
-
-    def diagnostics(msg):
-        for status in msg.status:
-            node.statuses.setdefault(status.name, []).append(status)
-    node.create_subscription(DiagnosticArray, "/diagnostics", diagnostics, DIAGNOSTICS_QOS)
-    return node
-
-
-def status_of(probe, name: str, *, level=None, says: str = ""):
-    """The newest /diagnostics status of `csr_ros: name` at `level` whose message has `says`."""
-    for status in reversed(probe.statuses.get(f"csr_ros: {name}", [])):
-        if (level is None or status.level == level) and says in status.message:
-            return status
-    return None
-
-
-def policy_on(url: str, **extra) -> list[Parameter]:
-    values = {"autostart": False, "resource.r1_url": url, "resource.r2_url": url,
-              "rate_hz": 2.0, "max_new_tokens": 16, "safe_action": "wait()",
-              "stale_after_s": 600.0, "action_ttl_s": 600.0, **extra}
-    return [Parameter(k, value=v) for k, v in values.items()]
 
 
 def decisions_after(probe, n: int, count: int = 1, timeout_s: float = 180.0) -> list:

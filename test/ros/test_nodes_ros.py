@@ -12,8 +12,6 @@ late catches up through GetChunks.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from rclpy.parameter import Parameter
@@ -27,21 +25,15 @@ from csr_ros.nodes.reconciler import ReconcilerNode
 from csr_ros.srv import GetChunks
 
 from support.ros_graph import call
+from support.ros_nodes import SPEECH, say
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 
-SPEECH = [Parameter("sources", Parameter.Type.STRING_ARRAY, ["speech", "goal"]),
-          Parameter("source.speech.topic", Parameter.Type.STRING, "/test/speech"),
-          Parameter("source.speech.type", Parameter.Type.STRING, "std_msgs/msg/String"),
-          Parameter("source.goal.topic", Parameter.Type.STRING, "/test/goal"),
-          Parameter("source.goal.type", Parameter.Type.STRING, "std_msgs/msg/String"),
-          Parameter("source.goal.instant", Parameter.Type.BOOL, True)]
-
-
 @pytest.fixture
 def probe(graph):
-    """A plain node that publishes inputs and records what the csr_ros nodes publish."""
+    """A plain node that publishes inputs and records what the csr_ros nodes publish: this
+    file's own probe (it also publishes goals and records swap events), not the conftest's."""
     node = graph.node("csr_ros_test_probe")
     node.received = {"chunks": [], "decisions": [], "swaps": []}
     node.speech_pub = node.create_publisher(String, "/test/speech", 100)
@@ -52,21 +44,6 @@ def probe(graph):
                              DECISIONS_QOS)
     node.create_subscription(SwapEvent, "csr/swaps", node.received["swaps"].append, SWAPS_QOS)
     return node
-
-
-def say(probe, graph, texts):
-    # The aggregator matches its subscription's QoS to the publishers (best effort until it
-    # sees one, then reliable): speak once it listens reliably, and the chunks can be heard.
-    from rclpy.qos import ReliabilityPolicy
-
-    if hasattr(probe, "chunks_sub"):
-        wait_for(lambda: probe.chunks_sub.get_publisher_count() > 0, what="csr/chunks")
-    wait_for(lambda: [i for i in probe.get_subscriptions_info_by_topic("/test/speech")
-                      if i.qos_profile.reliability == ReliabilityPolicy.RELIABLE]
-             and probe.speech_pub.get_subscription_count() == 1, what="a reliable subscription")
-    for text in texts:
-        probe.speech_pub.publish(String(data=text))
-        time.sleep(0.02)
 
 
 def test_aggregator_publishes_gap_free_rendered_chunks(graph, probe):

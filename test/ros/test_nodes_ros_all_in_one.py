@@ -16,14 +16,13 @@ import pytest
 import yaml
 
 from std_msgs.msg import String
-from test_nodes_ros_processes import wait_reliable_subscription
 
 from csr_ros import ros_params
 from csr_ros.msg import PolicyDecision, StateChunk
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, chunk_event
 from csr_ros.srv import GetChunks, Query
 
-from support.ros_graph import ROOT, Graph, NodeProcess, call
+from support.ros_graph import ROOT, Graph, NodeProcess, call, wait_reliable_subscription
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]

@@ -25,14 +25,13 @@ import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.qos import ReliabilityPolicy
 from std_msgs.msg import String
-from test_nodes_ros_processes import wait_reliable_subscription
 
 from csr_ros import ros_params
 from csr_ros.msg import PolicyDecision, StateChunk
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, chunk_event
 from csr_ros.srv import GetChunks
 
-from support.ros_graph import Graph, NodeProcess, call
+from support.ros_graph import Graph, NodeProcess, call, wait_reliable_subscription
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow, pytest.mark.server]

@@ -12,8 +12,6 @@ import pytest
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, ReliabilityPolicy, qos_profile_sensor_data
 from std_msgs.msg import String
-from test_lifecycle_ros import policy_on, probe  # noqa: F401  (fixtures)
-from test_nodes_ros import SPEECH, say
 
 from csr_ros.msg import Action, PolicyDecision, SwapEvent
 from csr_ros.nodes.aggregator import AggregatorNode
@@ -22,13 +20,14 @@ from csr_ros.nodes.policy import PolicyNode
 from csr_ros.nodes.reconciler import ReconcilerNode
 
 from support.ros_graph import Lifecycle
+from support.ros_nodes import SPEECH, policy_on, say
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 
 
 def test_actions_decisions_and_swaps_are_reliable_and_a_late_joining_controller_gets_the_latest(
-        graph, probe, llama_server):  # noqa: F811
+        graph, probe, llama_server):
     url = llama_server.url
     graph.add(AggregatorNode(parameter_overrides=SPEECH))
     graph.add(ReconcilerNode(parameter_overrides=[
@@ -67,7 +66,7 @@ def test_actions_decisions_and_swaps_are_reliable_and_a_late_joining_controller_
     assert late["swaps"][-1].reason == "start"
 
 
-def test_a_best_effort_sensor_over_a_lossy_link_still_has_its_messages_rendered(graph, probe):  # noqa: F811,E501
+def test_a_best_effort_sensor_over_a_lossy_link_still_has_its_messages_rendered(graph, probe):  # noqa: E501
     """A sensor driver publishing best effort (SensorDataQoS), over a link that loses a third
     of the messages: the aggregator subscribes best effort once it sees the publisher (a
     reliable subscription would match nothing), and renders what arrives, newest kept."""

@@ -9,25 +9,24 @@ from __future__ import annotations
 import pytest
 
 from rcl_interfaces.srv import DescribeParameters, GetParameters
-from test_lifecycle_ros import policy_on, probe  # noqa: F401  (fixtures)
-from test_nodes_ros import SPEECH, say
 
 from csr_ros.nodes.aggregator import AggregatorNode
 from csr_ros.nodes.policy import PolicyNode
 
 from support.ros_graph import Lifecycle, call, set_parameters
+from support.ros_nodes import SPEECH, policy_on, say
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
 
 
-def next_decision(probe, timeout_s: float = 180.0):  # noqa: F811
+def next_decision(probe, timeout_s: float = 180.0):
     n = len(probe.received["decisions"])
     return wait_for(lambda: probe.received["decisions"][n + 1:], timeout_s,
                     "a decision started after the change")[0]
 
 
-def get(probe, *names):  # noqa: F811
+def get(probe, *names):
     client = probe.create_client(GetParameters, "/policy/get_parameters")
     assert client.wait_for_service(timeout_sec=10.0)
     answer = wait_for(lambda: call(client, GetParameters.Request(names=list(names)), 3.0),
@@ -37,7 +36,7 @@ def get(probe, *names):  # noqa: F811
 
 
 def test_descriptors_carry_the_schemas_ranges_and_say_what_changes_at_run_time(
-        graph, probe, llama_server):  # noqa: F811
+        graph, probe, llama_server):
     graph.add(PolicyNode(parameter_overrides=policy_on(llama_server.url)))
     client = probe.create_client(DescribeParameters, "/policy/describe_parameters")
     assert client.wait_for_service(timeout_sec=10.0)
@@ -59,7 +58,7 @@ def test_descriptors_carry_the_schemas_ranges_and_say_what_changes_at_run_time(
 
 
 def test_run_time_parameters_take_effect_on_the_next_decision_and_others_are_refused_with_a_reason(  # noqa: E501
-        graph, probe, llama_server):  # noqa: F811
+        graph, probe, llama_server):
     graph.add(AggregatorNode(parameter_overrides=SPEECH))
     policy = graph.add(PolicyNode(parameter_overrides=policy_on(
         llama_server.url, autostart=True)))

@@ -13,12 +13,11 @@ import pytest
 
 from diagnostic_msgs.msg import DiagnosticStatus
 from rclpy.parameter import Parameter
-from test_lifecycle_ros import probe, status_of  # noqa: F401  (fixtures)
-from test_nodes_ros import SPEECH, say
 
 from csr_ros.nodes.aggregator import AggregatorNode
 from csr_ros.nodes.policy import PolicyNode
 
+from support.ros_nodes import SPEECH, say, status_of
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
@@ -29,7 +28,7 @@ CAUSE = re.compile(r"no valid decision for ([0-9.]+) s \(stale_after_s 3; ([0-9.
                    r"check before\)")
 
 
-def watched_policy(graph, url: str) -> PolicyNode:  # noqa: F811
+def watched_policy(graph, url: str) -> PolicyNode:
     return graph.add(PolicyNode(parameter_overrides=[
         Parameter(k, value=v) for k, v in {
             "resource.r1_url": url, "resource.r2_url": url, "resource.timeout_s": 60.0,
@@ -37,7 +36,7 @@ def watched_policy(graph, url: str) -> PolicyNode:  # noqa: F811
             "stale_after_s": STALE_AFTER_S, "action_ttl_s": 600.0}.items()]))
 
 
-def actions(probe, *, safe: bool) -> list:  # noqa: F811
+def actions(probe, *, safe: bool) -> list:
     return [a for a in probe.received["actions"] if a.safe == safe]
 
 
@@ -51,7 +50,7 @@ def check_first_tick_past_stale_after_s(cause: str) -> None:
 
 
 def test_a_killed_server_leads_to_the_safe_action_and_a_restarted_one_back_to_decisions(
-        graph, probe, fresh_llama_server):  # noqa: F811
+        graph, probe, fresh_llama_server):
     graph.add(AggregatorNode(parameter_overrides=SPEECH))
     policy = watched_policy(graph, fresh_llama_server.url)
     say(probe, graph, ["operator: patrol the hallway"])
@@ -86,7 +85,7 @@ def test_a_killed_server_leads_to_the_safe_action_and_a_restarted_one_back_to_de
 
 
 def test_a_stalled_server_leads_to_the_safe_action_naming_the_query_that_does_not_answer(
-        graph, probe, fresh_llama_server):  # noqa: F811
+        graph, probe, fresh_llama_server):
     graph.add(AggregatorNode(parameter_overrides=SPEECH))
     watched_policy(graph, fresh_llama_server.url)
     say(probe, graph, ["operator: patrol the hallway"])

@@ -87,6 +87,27 @@ def endpoints(node: Node, topic: str, kind: str) -> set[bytes]:
     return {bytes(i.endpoint_gid) for i in infos}
 
 
+def wait_reliable_subscription(node, publisher, timeout_s: float = 30.0,
+                               before: frozenset[bytes] | set[bytes] = frozenset()) -> None:
+    """Until the aggregator subscribes to `publisher`'s topic with the QoS it matched to it.
+
+    The aggregator subscribes best effort while a topic has no publisher and re-subscribes
+    reliably once it sees one (qos_recheck_s); a message sent across that switch may be lost
+    (issue 13, defect 4), which the tests that wait here are not about."""
+    from rclpy.qos import ReliabilityPolicy
+
+    topic = publisher.topic_name
+
+    def ready():
+        # `before`: subscriptions of earlier nodes, which may linger in the graph a moment
+        # after their process ended; the publisher must have matched the new one too.
+        infos = node.get_subscriptions_info_by_topic(topic)
+        new = [i for i in infos if bytes(i.endpoint_gid) not in before]
+        return (len(new) == 1 and new[0].qos_profile.reliability == ReliabilityPolicy.RELIABLE
+                and publisher.get_subscription_count() >= len(infos))
+    wait_for(ready, timeout_s, f"a reliable subscription to {topic}")
+
+
 def call(client, request, timeout_s: float = 10.0):
     """A service call from a node spun elsewhere: the answer, or None after timeout_s."""
     future = client.call_async(request)
