@@ -5,12 +5,13 @@ damage below is done to it (`newest_segment`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
 
-from csr_ros.chunklog import (MAGIC, ChunkLog, ChunkRecord, VersionRecord, read_log,
-                              rebuild_state, segment_files)
+from csr_ros.chunklog import (MAGIC, ChunkLog, ChunkRecord, StreamRecord, VersionRecord,
+                              last_stream, read_log, rebuild_state, segment_files)
 from csr_ros.errors import ChunkLogError
 from csr_ros.state import CsrState
 
@@ -141,3 +142,25 @@ def test_a_version_record_ahead_of_the_logged_chunks_is_refused(tokenizer, layou
     records = [ChunkRecord(0, "cam", 0, "a\n"), VersionRecord(1, 0, 5, "swap")]
     with pytest.raises(ChunkLogError, match="only 1 were logged"):
         rebuild_state(records, new_state(tokenizer, layout))
+
+
+# -- the stream id: a stream restart rebuilt --------------------------------------------------
+
+def test_a_chunk_log_keeps_the_stream_id_and_rebuilds_a_stream_restart(tmp_path, tokenizer,
+                                                                       layout):
+    path = tmp_path / "log"
+    with ChunkLog(path) as log:
+        log.append_stream("a")
+        state = new_state(tokenizer, layout)
+        for seq in range(3):
+            [chunk] = state.make_chunks(f"chunk {seq}", source="s", stamp_ns=seq)
+            state.append(chunk)
+            log.append_chunk(chunk)
+        log.append_version(1, 0, 0, "stream")
+        log.append_stream("b")
+        [chunk] = state.evicted(3).make_chunks("new 0", source="s", stamp_ns=9)
+        log.append_chunk(dataclasses.replace(chunk, seq=0))
+    records = read_log(path)
+    assert isinstance(records[0], StreamRecord) and last_stream(records) == "b"
+    rebuilt = rebuild_state(records, new_state(tokenizer, layout))
+    assert rebuilt.version == 1 and [c.text for c in rebuilt.chunks] == ["new 0\n"]

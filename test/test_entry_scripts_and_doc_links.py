@@ -1,5 +1,6 @@
 """The two commands a fresh machine runs exist and set up before their job, CI runs the test
-command itself, and the README's and docs' links lead to files and headings that exist."""
+command itself, the README's and docs' links lead to files and headings that exist, and
+docs/ros.md's launch steps name what launch needs and run as written."""
 
 from __future__ import annotations
 
@@ -57,3 +58,35 @@ def test_every_relative_link_in_the_readme_and_docs_leads_to_a_file_and_heading_
             elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked.read_text()):
                 broken.append(f"{doc.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+# -- docs/ros.md's launch steps -----------------------------------------------------------------
+
+def test_the_ros_docs_say_what_launch_needs_and_nothing_stale():
+    ros = (ROOT / "docs" / "ros.md").read_text()
+    lack = ros[ros.index("**What the wheels lack**"):]
+    lack = lack[:lack.index("\n- ")]
+    for name in ("launch_ros", "ros2cli", "rosbag2", "composition_interfaces"):
+        assert f"`{name}`" in lack, name
+    assert "need `mode: text`" not in ros           # token mode sends text to llama.cpp
+    assert "Launch files on the wheels" in ros
+
+
+def test_each_shell_block_of_the_launch_steps_sets_the_variables_it_uses():
+    """docs/ros.md, run as written: the shell that launches is a new one, so it must set $CSR,
+    $VENV and $WS itself (they were set only in the build block), and the workspace is named
+    one way ($WS), not four."""
+    import re
+
+    ros = (ROOT / "docs" / "ros.md").read_text()
+    section = ros[ros.index("## Launch files on the wheels"):ros.index("## What runs where")]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    assert len(blocks) == 2, "the build block and the block of each shell"
+    given = {"HOME", "PATH", "PYTHONPATH", "AMENT_PREFIX_PATH", "CMAKE_PREFIX_PATH"}
+    for block in blocks:
+        code = re.sub(r"<<'EOF'\n.*?\nEOF\n", "\n", block, flags=re.S)   # the CMake heredoc
+        code = re.sub(r"#.*", "", code)
+        defined = set(re.findall(r"^([A-Z_]+)=", code, re.M)) | given | {"repo"}
+        used = set(re.findall(r"\$\{?([A-Za-z_]+)", code))
+        assert used <= defined, (used - defined, block)
+        assert "~/launch_ws" not in block and "$HOME/launch_ws/" not in block, block

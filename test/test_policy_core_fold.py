@@ -1,4 +1,6 @@
-"""The policy's fold of csr/chunks and csr/swaps: gap-free, late joiners catch up, swaps evict."""
+"""The policy's fold of csr/chunks and csr/swaps: gap-free, late joiners catch up, swaps evict,
+a new chunk stream (an aggregator restarted without its chunk log) starts a new version, and a
+restarted reconciler's start event is adopted."""
 
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ def new_state(tokenizer, layout, **kw):
                     policy=ChunkPolicy(oversize="truncate", max_chunk_tokens=64), **kw)
 
 
-def event(seq: int, text: str | None = None) -> ChunkEvent:
+def event(seq: int, stream: str = "", text: str | None = None) -> ChunkEvent:
     return ChunkEvent(seq=seq, source="odom", stamp_ns=1_000 + seq,
-                      text=text or f"odom: x_m={seq * 0.5} y_m=1")
+                      text=text or f"odom: x_m={seq * 0.5} y_m=1", stream=stream)
 
 
 @pytest.fixture
@@ -167,3 +169,65 @@ def test_a_restarted_reconciler_resets_the_version_with_its_start_event(fold):
     fold.on_swap(SwapEvent(version=4, primary="r2", evicted_before_seq=0))
     assert fold.on_swap(SwapEvent(version=0, primary="r1", evicted_before_seq=0, reason="start"))
     assert fold.version == 0 and fold.primary == "r1"
+
+
+# -- a new chunk stream: an aggregator restarted without its chunk log ---------------------------
+
+def test_a_new_stream_starts_a_new_version_instead_of_merging(fold):
+    for seq in range(5):
+        fold.on_chunk(event(seq, "a"))
+    assert fold.on_chunk(event(0, "b", "speech: data=hello")) is None
+    assert fold.version == 1 and fold.stream == "b"
+    assert [c.text for c in fold.state.chunks] == ["speech: data=hello\n"]
+    assert fold.counters.stream_restarts == 1 and fold.order.counters.duplicates == 0
+    restart = fold.last_restart
+    assert (restart.old_stream, restart.new_stream, restart.dropped_chunks) == ("a", "b", 5)
+    assert "restarted without its chunk log" in restart.describe()
+
+
+def test_late_chunks_of_a_retired_stream_are_dropped_and_counted(fold):
+    fold.on_chunk(event(0, "a"))
+    fold.on_chunk(event(0, "b"))
+    fold.on_chunk(event(1, "a"))
+    assert [c.seq for c in fold.state.chunks] == [0] and fold.counters.retired_chunks == 1
+
+
+def test_a_swap_naming_a_new_stream_resets_before_its_first_chunk_arrives(fold):
+    for seq in range(3):
+        fold.on_chunk(event(seq, "a"))
+    assert fold.on_swap(SwapEvent(version=4, primary="r2", reason="stream", stream="b"))
+    assert fold.version == 4 and fold.state.chunks == [] and fold.next_seq == 0
+    fold.on_chunk(event(0, "b"))
+    assert [c.seq for c in fold.state.chunks] == [0]
+
+
+def test_a_get_chunks_answer_from_a_new_stream_is_a_new_stream(fold):
+    for seq in range(3):
+        fold.on_chunk(event(seq, "a"))
+    fold.on_fetched_all([event(0, "b"), event(1, "b")], 0, stream="b")
+    assert fold.stream == "b" and [c.seq for c in fold.state.chunks] == [0, 1]
+
+
+# -- a restarted reconciler ---------------------------------------------------------------------
+
+def test_a_start_event_with_the_version_the_policy_holds_is_adopted(fold):
+    for seq in range(6):
+        fold.on_chunk(event(seq))
+    fold.on_swap(SwapEvent(version=2, primary="r2", evicted_before_seq=0, reason="start"))
+    assert fold.on_swap(SwapEvent(version=2, primary="r1", evicted_before_seq=3,
+                                  reason="start"))
+    assert fold.primary == "r1" and [c.seq for c in fold.state.chunks] == [3, 4, 5]
+    assert fold.counters.starts == 2
+
+
+def test_a_start_event_that_keeps_chunks_the_policy_evicted_refetches_them(fold):
+    for seq in range(6):
+        fold.on_chunk(event(seq))
+    fold.on_swap(SwapEvent(version=3, primary="r2", evicted_before_seq=4, reason="swap"))
+    assert fold.on_swap(SwapEvent(version=3, primary="r1", evicted_before_seq=2,
+                                  reason="start"))
+    assert fold.needs_probe and fold.state.chunks == [] and fold.next_seq == 2
+    request = fold.probe()
+    assert (request.start_seq, request.end_seq) == (2, 0)
+    fold.on_fetched_all([event(s) for s in range(2, 6)], 0)
+    assert [c.seq for c in fold.state.chunks] == [2, 3, 4, 5] and fold.version == 3

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from csr_ros.node_logic.health import Announcer, QueryStats, keep_up_warning
+import pytest
+
+from csr_ros.node_logic.health import Announcer, QueryStats, diagnose, keep_up_warning
+from csr_ros.node_logic.schedule import QueryScheduler
 from csr_ros.resources.base import QueryResult
 
 
@@ -108,3 +111,41 @@ def test_a_slow_rate_that_is_kept_gets_no_verdict_from_a_window_of_a_few_periods
     assert keep_up_warning(stats, 0.5, 7.7) is None
     now_s = _decide_every_from(stats, 4.3, 2.0, 20)     # 20 more, one every period
     assert keep_up_warning(stats, 0.5, now_s) is None
+
+
+# -- the policy's diagnostics: decisions per second against rate_hz, and the capacity verdict --
+
+def test_decisions_per_second_below_rate_hz_is_a_warning_with_ttft_and_what_to_change():
+    scheduler = QueryScheduler(rate_hz=2.0)
+    stats = QueryStats(started_s=0.0)
+    result = QueryResult(text="go", token_ids=(1,), ttft_s=21.0, decode_s=0.5, n_prompt=100,
+                         n_extended=0, cached_tokens=None, finish_reason="stop", resource="r1")
+    for t in (21.0, 42.0, 63.0):
+        stats.record(result, 0, now_s=t)
+    d = diagnose({"version": 0}, scheduler, stats, now_s=66.0)
+    values = dict(d.values)
+    assert float(values["decisions_per_s"]) == pytest.approx(2 / 30, rel=0.01)
+    assert values["rate_hz"] == "2" and values["ttft_p50_s"] == "21.000"
+    assert d.level == 1 and "decisions/s against rate_hz 2" in d.message
+    assert "TTFT 21.00 s + decoding 0.50 s" in d.message and "lower rate_hz to 0.037" in d.message
+
+
+def test_a_rate_shortfall_from_decoding_blames_the_decoding_not_the_ttft():
+    scheduler = QueryScheduler(rate_hz=2.0)
+    stats = QueryStats(started_s=0.0)
+    result = QueryResult(text="go", token_ids=(1,) * 48, ttft_s=0.7, decode_s=6.3, n_prompt=900,
+                         n_extended=0, cached_tokens=800, finish_reason="length",
+                         resource="r1")
+    for t in range(7, 35, 7):
+        stats.record(result, 0, now_s=float(t))
+    d = diagnose({"version": 0}, scheduler, stats, now_s=35.0)
+    assert "a decision takes 7.00 s (p50: TTFT 0.70 s + decoding 6.30 s)" in d.message
+    assert "lower rate_hz to 0.11" in d.message and "the decoding dominates" in d.message
+
+
+def test_a_capacity_verdict_that_cannot_keep_up_is_the_policy_diagnostics_message():
+    scheduler = QueryScheduler(rate_hz=2.0)
+    d = diagnose({"version": 0}, scheduler, QueryStats(started_s=0.0), now_s=1.0,
+                 capacity={"viable": False, "message": "arrival exceeds ...", "headroom_s": -3})
+    assert d.level == 1 and d.message == "arrival exceeds ..."
+    assert ("capacity.headroom_s", "-3") in d.values

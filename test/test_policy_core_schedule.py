@@ -130,3 +130,28 @@ def test_timed_resource_records_each_load_and_extend_even_when_it_fails():
         resource.extend([4])
     assert ops == [OpTiming("r1", "load", 0.0, 0.5, 3, True),
                    OpTiming("r1", "extend", 1.0, 0.25, 1, False)]
+
+
+# -- invalid actions on the diagnostics ---------------------------------------------------------
+
+def test_invalid_actions_are_counted_and_a_recent_one_is_a_warning_with_its_reason():
+    scheduler = QueryScheduler(rate_hz=2.0)
+    stats = QueryStats(started_s=0.0)
+    result = QueryResult(text="pick(", token_ids=(1,) * 4, ttft_s=0.1, decode_s=0.2,
+                         n_prompt=900, n_extended=0, cached_tokens=None,
+                         finish_reason="length", resource="r1")
+    for _ in range(3):
+        stats.record(result, 0, now_s=1.0)
+        stats.record_action(True)
+    assert diagnose({"version": 0}, scheduler, stats).level == 0
+    stats.record_action(False, "incomplete: the budget of 4 tokens ended inside the action")
+    d = diagnose({"version": 0}, scheduler, stats)
+    values = dict(d.values)
+    assert values["valid_actions"] == "3" and values["invalid_actions"] == "1"
+    assert d.level == 1
+    assert d.message == ("1 of the last 4 decisions were not valid actions (latest: incomplete: "
+                         "the budget of 4 tokens ended inside the action)")
+    for _ in range(20):                       # it leaves the window: ok again, still counted
+        stats.record_action(True)
+    d = diagnose({"version": 0}, scheduler, stats)
+    assert d.level == 0 and dict(d.values)["invalid_actions"] == "1"

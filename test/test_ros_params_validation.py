@@ -8,8 +8,9 @@ import pytest
 from rosbags.typesys import Stores, get_typestore
 
 from csr_ros.errors import ActionSpecError, ConfigError
-from csr_ros.ros_params import (POLICY, SCHEMAS, load_params_file, match_publishers,
-                                parse_params_yaml, validate, validate_file)
+from csr_ros.ros_params import (POLICY, SCHEMAS, check_params_files, load_params_file,
+                                match_publishers, params_files_in_args, parse_params_yaml,
+                                type_problem, validate, validate_file)
 
 CONFIG = Path(__file__).resolve().parents[1] / "config" / "csr_ros.yaml"
 SCAN = {"sources": ["scan"], "source.scan.topic": "/scan",
@@ -169,3 +170,49 @@ def test_qos_without_publishers_is_reliable_so_a_first_message_is_not_lost():
     # (`ros2 topic pub --once`); a best-effort publisher that appears later is resubscribed to
     choice = match_publishers([])
     assert (choice.reliable, choice.transient_local, choice.matched) == (True, False, False)
+
+
+# -- what a refusal says: the right name, a string for a number, a quote, a missing file --------
+
+def test_a_source_without_publishers_is_subscribed_reliably():
+    assert match_publishers([]).reliable
+
+
+def test_a_typo_in_a_parameter_name_is_refused_with_the_right_name():
+    with pytest.raises(ConfigError, match=r"'rate_hzz' \(did you mean 'rate_hz'\?\)"):
+        validate("policy", {"rate_hzz": 2.0})
+    with pytest.raises(ConfigError, match=r"'max_new_token' \(did you mean 'max_new_tokens'"):
+        validate("policy", {"max_new_token": 4})
+
+
+def test_a_source_entry_not_listed_in_sources_is_refused():
+    values = {"sources": ["speech"], "source.speech.topic": "/s",
+              "source.speech.type": "std_msgs/msg/String", "source.odom.topic": "/odom"}
+    with pytest.raises(ConfigError, match=r"source.odom.\* is described but 'odom' is not"):
+        validate("aggregator", values)
+    values = {"sources": ["speech"], "source.speech.topic": "/s",
+              "source.speech.type": "std_msgs/msg/String", "source.speech.period": 1.0}
+    with pytest.raises(ConfigError, match=r"did you mean 'source.speech.period_s'"):
+        validate("aggregator", values)
+
+
+def test_a_string_for_a_float_parameter_says_it_is_a_string():
+    rate = next(s for s in POLICY if s.name == "rate_hz")
+    problem = type_problem(rate, "fast")
+    assert "'fast' is a string, not a number" in problem and "write 2.0" not in problem
+    assert "write 2.0, not 2" in type_problem(rate, 2)
+    assert "unquoted" in type_problem(rate, "2.0")
+    assert type_problem(rate, 2.0) is None
+
+
+def test_a_number_for_a_string_parameter_says_to_quote_it():
+    task = next(s for s in POLICY if s.name == "task")
+    assert 'quote it ("5")' in type_problem(task, 5)
+
+
+def test_a_missing_params_file_on_the_command_line_is_a_clear_error(tmp_path):
+    args = ["policy", "--ros-args", "--params-file", str(tmp_path / "nope.yaml"), "-r", "a:=b"]
+    assert params_files_in_args(args) == [str(tmp_path / "nope.yaml")]
+    with pytest.raises(ConfigError, match=r"parameters file .*nope.yaml does not exist"):
+        check_params_files(args)
+    check_params_files(["policy", "--ros-args", "--params-file", str(CONFIG)])

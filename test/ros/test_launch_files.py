@@ -2,7 +2,7 @@
 ros2launch (jazzy) over the ROS 2 wheels, csr_ros from a colcon install (docs/ros.md, "Launch
 files on the wheels", gives the steps). Those packages are not on PyPI, so these tests skip
 with the reason where they are missing; the launch files' logic is tested without them in
-test/test_node_defects_pure.py.
+test/test_launch_arguments.py.
 
 Each launch runs in its own session, and Ctrl-C is SIGINT to the whole process group, as a
 terminal sends it; "no node left" means no process of that group is alive.
