@@ -1,6 +1,6 @@
 """What only the ROS tests need: every module here imports rclpy and the csr_ros interfaces, so
 each is skipped with the reason where they do not import (before the module is imported); the
-graph the in-process nodes spin in, and the probe that records what they publish.
+graph the in-process nodes spin in, and the two probes that record what they publish.
 
 Where ROS is required (CI, or CSR_ROS_REQUIRE_ROS=1) a missing rclpy has stopped the session
 already (test/conftest.py), so nothing here is skipped silently there.
@@ -66,4 +66,25 @@ def probe(graph):
         for status in msg.status:
             node.statuses.setdefault(status.name, []).append(status)
     node.create_subscription(DiagnosticArray, "/diagnostics", diagnostics, DIAGNOSTICS_QOS)
+    return node
+
+
+@pytest.fixture
+def rosout_probe(graph):
+    """Records chunks, /rosout and /diagnostics as flat lists (`.chunks`, `.logs`,
+    `.diagnostics`), for tests that read what a node said (support.ros_nodes.logged). A module
+    of such tests takes it as its `probe`."""
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rcl_interfaces.msg import Log
+    from rclpy.node import Node
+
+    from csr_ros.msg import StateChunk
+    from csr_ros.nodes.common import CHUNKS_QOS, DIAGNOSTICS_QOS, ROSOUT_QOS
+
+    node = graph.add(Node("csr_ros_rosout_probe"))
+    node.chunks, node.logs, node.diagnostics = [], [], []
+    node.create_subscription(StateChunk, "csr/chunks", node.chunks.append, CHUNKS_QOS)
+    node.create_subscription(Log, "/rosout", node.logs.append, ROSOUT_QOS)
+    node.create_subscription(DiagnosticArray, "/diagnostics",
+                             lambda m: node.diagnostics.extend(m.status), DIAGNOSTICS_QOS)
     return node

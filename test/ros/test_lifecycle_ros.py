@@ -28,12 +28,10 @@ from csr_ros.nodes.reconciler import ReconcilerNode
 from csr_ros.srv import GetChunks, Query
 
 from support.ros_graph import Lifecycle, NodeProcess, call, set_parameters
-from support.ros_nodes import SPEECH, policy_on, say, status_of
+from support.ros_nodes import DEAD_URL, SPEECH, policy_on, say, status_of
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
-
-DEAD_URL = "http://127.0.0.1:9"          # discard port: nothing answers
 
 
 def decisions_after(probe, n: int, count: int = 1, timeout_s: float = 180.0) -> list:

@@ -1,16 +1,26 @@
-"""What the in-process node tests give the csr_ros nodes and read back from them: a speech and
-a goal source for the aggregator, policy parameters for a server at a URL, speaking once the
-aggregator listens reliably, and a probe's newest /diagnostics status of a node. Imported only
-by tests that have rclpy (test/ros/)."""
+"""What the node tests give the csr_ros nodes and read back from them: a speech and a goal
+source for the aggregator, policy parameters for a server at a URL or for none, speaking once
+the aggregator listens reliably, a probe's newest /diagnostics status of a node or the /rosout
+lines it recorded, and a node started with `python -m` whose stderr the test reads. Imported
+only by tests that have rclpy (test/ros/)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
+from rcl_interfaces.msg import Log
 from rclpy.parameter import Parameter
 from std_msgs.msg import String
 
+from support.ros_graph import ROOT
 from support.waiting import wait_for
+
+DEAD_URL = "http://127.0.0.1:9"          # discard port: nothing answers
 
 SPEECH = [Parameter("sources", Parameter.Type.STRING_ARRAY, ["speech", "goal"]),
           Parameter("source.speech.topic", Parameter.Type.STRING, "/test/speech"),
@@ -48,3 +58,48 @@ def status_of(probe, name: str, *, level=None, says: str = ""):
         if (level is None or status.level == level) and says in status.message:
             return status
     return None
+
+
+# -- one speech source, a policy without servers, and what the nodes said on /rosout ----------
+# (the tests that read the conftest's rosout_probe: chunks, /rosout, /diagnostics as flat lists)
+
+def speech_sources(topic: str = "/defects/speech", period_s: float = 0.0,
+                   extra: list | None = None, event: bool = False) -> list[Parameter]:
+    return [Parameter("sources", Parameter.Type.STRING_ARRAY, ["speech"]),
+            Parameter("source.speech.topic", Parameter.Type.STRING, topic),
+            Parameter("source.speech.type", Parameter.Type.STRING, "std_msgs/msg/String"),
+            Parameter("source.speech.event", Parameter.Type.BOOL, event),
+            Parameter("source.speech.period_s", Parameter.Type.DOUBLE, period_s)] + (extra or [])
+
+
+def policy_params(**extra) -> list[Parameter]:
+    """A policy at 0.2 Hz whose servers never answer (DEAD_URL)."""
+    params = [Parameter("rate_hz", Parameter.Type.DOUBLE, 0.2),
+              Parameter("resource.r1_url", Parameter.Type.STRING, DEAD_URL),
+              Parameter("resource.r2_url", Parameter.Type.STRING, DEAD_URL)]
+    return params + [Parameter(k, Parameter.Type.STRING, v) for k, v in extra.items()]
+
+
+def logged(probe, node_name: str, *needles: str, level: int = Log.WARN):
+    """The /rosout lines of `node_name` at `level` or above that contain every needle."""
+    return [m for m in probe.logs if m.name == node_name and m.level >= level
+            and all(n in m.msg for n in needles)]
+
+
+def body(text: str) -> str:
+    """A chunk's text without its leading episode time ("12s speech: hi" → "speech: hi")."""
+    return text.split(" ", 1)[1].strip()
+
+
+# -- a node process whose exit code and stderr the test reads ---------------------------------
+
+def run_node(module: str, *ros_args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", module, "--ros-args", *ros_args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def write_params(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path

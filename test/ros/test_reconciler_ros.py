@@ -1,0 +1,89 @@
+"""The reconciler node on a real graph (rclpy, Fast DDS, in this process): started after a
+history of about three contexts, it evicts with its own policy before it loads and reports its
+capacity on /diagnostics; the library's warnings (its chunk log's) reach /rosout under its
+name. The pure machine: test/test_reconcile_capacity.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rcl_interfaces.msg import Log
+from rclpy.parameter import Parameter
+from std_msgs.msg import String
+
+from csr_ros.msg import SwapEvent
+from csr_ros.nodes.aggregator import AggregatorNode
+from csr_ros.nodes.common import SWAPS_QOS
+from csr_ros.nodes.reconciler import ReconcilerNode
+
+from support.ros_nodes import logged, policy_params, speech_sources
+from support.waiting import wait_for
+
+pytestmark = pytest.mark.ros
+
+
+@pytest.fixture
+def probe(rosout_probe):
+    """The conftest's rosout_probe: these tests read chunks, /rosout and /diagnostics as flat
+    lists."""
+    return rosout_probe
+
+
+# -- joining after a long history; capacity on /diagnostics ---------------------------------------
+
+@pytest.mark.slow
+def test_a_reconciler_joining_after_a_long_history_evicts_at_once_and_reports_capacity(graph,
+                                                                                       probe):
+    """History of about three contexts before the reconciler starts: it derives the evicted
+    state with its own policy and loads that, instead of failing over every few seconds."""
+    pub = probe.create_publisher(String, "/defects/speech", 10)
+    swaps = []
+    probe.create_subscription(SwapEvent, "csr/swaps", swaps.append, SWAPS_QOS)
+    graph.add(AggregatorNode(parameter_overrides=speech_sources(event=True)))
+    wait_for(lambda: probe.count_subscribers("/defects/speech") > 0, what="subscription")
+    for i in range(150):                  # a burst of events: none may be dropped
+        pub.publish(String(data=f"the robot passed waypoint {i} in the hallway, battery "
+                                f"{90 - i % 50} percent"))
+        time.sleep(0.005)
+    wait_for(lambda: len(probe.chunks) == 150, what="the history")
+    reconciler = graph.add(ReconcilerNode(parameter_overrides=[
+        Parameter("resource.kind", Parameter.Type.STRING, "local"),
+        Parameter("resource.threads", Parameter.Type.INTEGER, 1),
+        Parameter("context_tokens", Parameter.Type.INTEGER, 1024),
+        Parameter("tau_mem_tokens", Parameter.Type.INTEGER, 600),
+        Parameter("reserve_tokens", Parameter.Type.INTEGER, 256),
+        Parameter("n_catchup_tokens", Parameter.Type.INTEGER, 16)]))
+    start = wait_for(lambda: [s for s in swaps if s.reason == "start"], timeout_s=180.0,
+                     what="the start event")[0]
+    assert start.version == 1 and 0 < start.evicted_before_seq < 150
+    assert start.caught_up_to_seq == 150 and start.static_tokens < 600
+    wait_for(lambda: logged(probe, "reconciler", "joined with", "evicted in", level=Log.INFO),
+             what="its log line on /rosout")
+    outcome = reconciler.query("Where is the robot?", max_new_tokens=2)
+    assert outcome.ok and outcome.request.n_static < 600
+    for i in range(12):                   # arrivals after the start, over more than the
+        pub.publish(String(data=f"speech: person {i} says hello"))   # rate's 10 s half-life
+        time.sleep(1.0)
+    status = wait_for(lambda: [s for s in probe.diagnostics if s.name == "csr_ros: reconciler"
+                               and ("capacity.viable", "None") not in
+                               [(v.key, v.value) for v in s.values]
+                               and any(v.key == "capacity.viable" for v in s.values)],
+                      timeout_s=60.0, what="a capacity verdict on /diagnostics")[-1]
+    values = {v.key: v.value for v in status.values}
+    assert float(values["capacity.prefill_tokens_per_s"]) > 0
+    assert float(values["capacity.arrival_tokens_per_s"]) > 0
+    assert values["capacity.viable"] in ("True", "False")
+
+
+# -- warnings through the node's logger -----------------------------------------------------------
+
+def test_library_warnings_reach_rosout_with_the_node_name(graph, probe, tmp_path):
+    torn = tmp_path / "torn.log"
+    torn.write_bytes(b"CSRLOG1\n\x10\x00\x00")          # a record header cut by a crash
+    graph.add(ReconcilerNode(parameter_overrides=policy_params()[1:] + [
+        Parameter("chunk_log", Parameter.Type.STRING, str(torn))]))
+    found = wait_for(lambda: logged(probe, "reconciler", "a crash while appending"),
+                     what="the chunk log's warning on /rosout")
+    assert found[0].level == Log.WARN
