@@ -1,5 +1,6 @@
 """Typed actions through servers: llama.cpp's `grammar` (a real server) and vLLM's structured
-outputs (the in-process stand-in of test_openai_vllm_protocol, answering as vLLM documents).
+outputs (the in-process stand-in of support/vllm_like_server.py, answering as vLLM
+documents).
 
 vLLM's documented request fields (docs.vllm.ai, features/structured_outputs): since 0.10.2
 `structured_outputs` holds exactly one of `choice` (a list of strings), `json` (a JSON schema),
@@ -13,9 +14,9 @@ import json
 
 import httpx
 import pytest
-from test_openai_vllm_protocol import VllmLikeServer, robot_state
 
 from support.robot_prompts import BOUNDED_ACTIONS, assert_bounds_hold, decide_pushed
+from support.vllm_like_server import VllmLikeServer, robot_state
 
 from csr_ros.actions import Vocabulary
 from csr_ros.errors import ConfigError

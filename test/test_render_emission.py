@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import array
-import dataclasses
 import json
 import math
 import re
@@ -19,7 +17,7 @@ from csr_ros.cli import main as cli_main
 from csr_ros.errors import ConfigError
 from csr_ros.render import EmissionConfig, Emitter, EmitterSource, RenderOptions, render, to_plain
 from csr_ros.ros_params import parse_params_yaml, validate
-from support.rosmsg_shapes import message_class
+from support.rosmsg_shapes import rclpy_shaped, to_rclpy
 
 S = 1_000_000_000
 CONFIG = "config/csr_ros.yaml"
@@ -96,25 +94,6 @@ def test_no_constant_and_no_nanosecond_stamp_appears_in_any_chunk_of_a_patrol(pa
         assert texts
         leaks = [t for t in texts if CONSTANT.search(t) or LONG_INT.search(t)]
         assert leaks == []
-
-
-def rclpy_shaped(msg):
-    """A rosbags message rebuilt as rclpy generated classes are: fields listed by
-    get_fields_and_field_types(), constants as class attributes, numeric arrays as array.array."""
-    if not dataclasses.is_dataclass(msg):
-        if isinstance(msg, np.ndarray):
-            return array.array("f" if msg.dtype == np.float32 else
-                               "d" if msg.dtype == np.float64 else "B", msg.tolist())
-        if isinstance(msg, list):
-            return [rclpy_shaped(m) for m in msg]
-        return msg
-    names = [f.name for f in dataclasses.fields(msg)]
-    consts = {n: getattr(msg, n) for n in names if n.isupper()}
-    data = [n for n in names if not n.isupper() and not n.startswith("__")]
-    cls = message_class(msg.__msgtype__, {n: "x" for n in data})
-    for name, value in consts.items():
-        setattr(cls, name, value)
-    return cls(**{n: rclpy_shaped(getattr(msg, n)) for n in data})
 
 
 def test_the_same_patrol_renders_to_the_same_chunks_from_rclpy_shaped_messages_and_the_bag(
@@ -339,24 +318,6 @@ def test_velocity_noise_around_the_threshold_does_not_flap_between_stopped_and_m
     speeds = [0.0, 0.07, 0.0, 0.06, 0.06] + [0.03, 0.045, 0.028, 0.04] * 5 + [0.01, 0.0]
     out = feed(e, "odom", [odom(v=v) for v in speeds])     # a spike, starts, noise, stops
     assert [c.text.split()[-1] for c in out] == ["stopped", "moving", "stopped"]
-
-
-def to_rclpy(msg):
-    """A rosbags message as the real rclpy message of its type (what a live subscription gets)."""
-    import importlib
-
-    if isinstance(msg, np.ndarray):
-        return msg
-    if isinstance(msg, list):
-        return [to_rclpy(m) for m in msg]
-    if not dataclasses.is_dataclass(msg):
-        return msg
-    package, _, name = msg.__msgtype__.split("/")
-    cls = getattr(importlib.import_module(f"{package}.msg"), name)
-    out = cls()
-    for field in cls.get_fields_and_field_types():
-        setattr(out, field, to_rclpy(getattr(msg, field)))
-    return out
 
 
 def test_the_same_patrol_renders_to_the_same_chunks_from_real_rclpy_messages_and_the_bag(

@@ -264,7 +264,7 @@ def test_a_path_is_its_length_and_goal_and_changes_when_the_goal_moves():
 
 def test_the_other_robots_bag_renders_the_same_from_real_rclpy_messages(other_bag):
     pytest.importorskip("rclpy", reason="the rclpy-shaped variant runs without ROS")
-    from test_render_emission import rclpy_shaped, to_rclpy
+    from support.rosmsg_shapes import rclpy_shaped, to_rclpy
 
     import importlib.util
 

@@ -1,4 +1,5 @@
-"""Small classes shaped like rclpy's generated message classes (no ROS install needed).
+"""Small classes shaped like rclpy's generated message classes (no ROS install needed), and a
+rosbags message rebuilt as one of them or as the real rclpy message of its type.
 
 Generated classes keep values in ``__slots__`` named ``_field``, expose them as properties,
 list fields with the classmethod ``get_fields_and_field_types()``, live in a module named
@@ -8,6 +9,9 @@ list fields with the classmethod ``get_fields_and_field_types()``, live in a mod
 from __future__ import annotations
 
 import array
+import dataclasses
+
+import numpy as np
 
 
 def message_class(type_name: str, fields: dict[str, str], defaults: dict | None = None):
@@ -53,3 +57,40 @@ Quaternion = message_class("geometry_msgs/msg/Quaternion",
 Pose = message_class("geometry_msgs/msg/Pose",
                      {"position": "geometry_msgs/Point", "orientation": "geometry_msgs/Quaternion"},
                      {"position": Point, "orientation": Quaternion})
+
+
+def rclpy_shaped(msg):
+    """A rosbags message rebuilt as rclpy generated classes are: fields listed by
+    get_fields_and_field_types(), constants as class attributes, numeric arrays as array.array."""
+    if not dataclasses.is_dataclass(msg):
+        if isinstance(msg, np.ndarray):
+            return array.array("f" if msg.dtype == np.float32 else
+                               "d" if msg.dtype == np.float64 else "B", msg.tolist())
+        if isinstance(msg, list):
+            return [rclpy_shaped(m) for m in msg]
+        return msg
+    names = [f.name for f in dataclasses.fields(msg)]
+    consts = {n: getattr(msg, n) for n in names if n.isupper()}
+    data = [n for n in names if not n.isupper() and not n.startswith("__")]
+    cls = message_class(msg.__msgtype__, {n: "x" for n in data})
+    for name, value in consts.items():
+        setattr(cls, name, value)
+    return cls(**{n: rclpy_shaped(getattr(msg, n)) for n in data})
+
+
+def to_rclpy(msg):
+    """A rosbags message as the real rclpy message of its type (what a live subscription gets)."""
+    import importlib
+
+    if isinstance(msg, np.ndarray):
+        return msg
+    if isinstance(msg, list):
+        return [to_rclpy(m) for m in msg]
+    if not dataclasses.is_dataclass(msg):
+        return msg
+    package, _, name = msg.__msgtype__.split("/")
+    cls = getattr(importlib.import_module(f"{package}.msg"), name)
+    out = cls()
+    for field in cls.get_fields_and_field_types():
+        setattr(out, field, to_rclpy(getattr(msg, field)))
+    return out
