@@ -16,7 +16,7 @@ import pytest
 
 from csr_ros.gateway.client_bench import TOOLS, check_call, tool_requests
 from csr_ros.servers import LOOPBACK, ManagedServer, free_port
-from gateway_clients import follow_stream, leave_after_first_piece, wait_until_idle
+from support.gateway_clients import follow_stream, leave_after_first_piece, wait_until_idle
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 openai = pytest.importorskip("openai")

@@ -10,7 +10,7 @@ import sys
 from typing import Literal
 
 import pytest
-from gateway_clients import follow_stream, leave_after_first_piece, wait_until_idle
+from support.gateway_clients import follow_stream, leave_after_first_piece, wait_until_idle
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")

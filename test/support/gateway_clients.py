@@ -8,10 +8,11 @@ how far its decode is, and leave a stream after its first piece.
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import httpx
+
+from support.waiting import wait_for
 
 
 def follow_stream(stream, during: Callable[[], dict]) -> tuple[list[str], dict, object]:
@@ -39,10 +40,8 @@ def leave_after_first_piece(url: str, body: dict, headers: dict) -> None:
 
 
 def wait_until_idle(session: Callable[[], dict], timeout_s: float = 120.0) -> dict:
-    """The session's stats once it has no request in flight (bounded)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """The session's stats once it has no request in flight."""
+    def idle():
         stats = session()
-        if not stats["in_flight"] or time.monotonic() > deadline:
-            return stats
-        time.sleep(0.1)
+        return None if stats["in_flight"] else stats
+    return wait_for(idle, timeout_s, what="the session to have no request in flight")
