@@ -447,3 +447,21 @@ def test_machine_retries_a_failed_warm_up_with_growing_backoff_while_the_primary
         commands = machine.handle(TimerFired(timer.timer_id))
     assert delays == [0.5, 1.0, 2.0]
     assert machine.counters.retries == 3 and machine.counters.fallbacks == 0
+
+
+def test_a_warm_up_that_succeeds_on_a_retry_does_not_set_the_prefill_rate():
+    """A server may finish an abandoned attempt's prefill and answer the retry from its cache
+    at once: that retry's time would report a rate thousands of times too high."""
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=2000, reserve_tokens=48,
+                             retry_base_s=0.5)
+    machine = Reconciliation(new_state(), ["r1", "r2"], config)
+    (start,) = machine.start()
+    machine.handle(OpFinished(start.op_id, True))
+    commands = _fill(machine, "speech Bob: where are my keys", lambda: machine.reconciling)
+    (warm,) = [c for c in commands if isinstance(c, Load) and c.resource == "r2"]
+    commands = machine.handle(OpFinished(warm.op_id, False))
+    (timer,) = [c for c in commands if isinstance(c, StartTimer)]
+    commands = machine.handle(TimerFired(timer.timer_id))
+    (warm,) = [c for c in commands if isinstance(c, Load) and c.resource == "r2"]
+    machine.handle(OpFinished(warm.op_id, True, n_tokens=len(warm.ids), seconds=0.001))
+    assert machine._warm_rate is None, "no rate from a retried warm-up"

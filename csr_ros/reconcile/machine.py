@@ -647,8 +647,11 @@ class Reconciliation:
                                       f"retry {self._warm_failures} in {delay_s:.1f} s"),
                     StartTimer(self._retry_timer, delay_s)]
         slot.failed = False
-        self._warm_failures = 0
-        rate = ev.n_tokens / ev.seconds if ev.seconds > 0 and ev.n_tokens > 0 else None
+        # A retried attempt's time says nothing of the prefill rate: a server may have computed
+        # the abandoned attempt's prefill and answer the retry from its cache at once.
+        retried, self._warm_failures = self._warm_failures > 0, 0
+        rate = ev.n_tokens / ev.seconds if ev.seconds > 0 and ev.n_tokens > 0 and not retried \
+            else None
         if self.phase is Phase.WARM:
             self._warm_rate = _smooth(self._warm_rate, rate)
         else:
