@@ -143,7 +143,8 @@ def test_the_robot_sides_aggregator_and_policy_decide_against_a_llama_cpp_server
             assert not [m for m in ENGINE_ONLY if f"/{m}/" in maps or f"lib{m}" in maps], \
                 proc.module
             # ROS's libraries from the robot's venv, none from this run's (which has torch)
-            assert str(ROBOT_VENV) in maps and str((ROOT / ".venv").resolve()) not in maps
+            # (with the slash: "/x/.venv" is a prefix of "/x/.venv-robot")
+            assert f"{ROBOT_VENV}/" in maps and f"{(ROOT / '.venv').resolve()}/" not in maps
         for proc in nodes:
             code, _ = proc.terminate(timeout_s=30.0)
             assert code == 0, proc.output[-3000:]
