@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from csr_ros.errors import ConfigError
-from csr_ros.launch_args import bag_play_command, check_bag, check_params_file, given_overrides
+from csr_ros.launch_args import (SHARED_ARGUMENTS, bag_play_command, check_bag, check_params_file,
+                                given_overrides)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "csr_ros.yaml"
@@ -50,6 +51,9 @@ def test_every_launch_argument_that_sets_a_parameter_defaults_to_not_given():
                 default = next((k.value for k in call.keywords if k.arg == "default_value"),
                                None)
                 defaults[name] = default.value if isinstance(default, ast.Constant) else "expr"
+            if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "declare":
+                for arg in call.args:          # the shared ones: launch_args.SHARED_ARGUMENTS
+                    defaults[arg.value] = SHARED_ARGUMENTS[arg.value][0]
         assert forwarded, path.name
         for name in forwarded:
             assert defaults.get(name) == "", f"{path.name}: {name} defaults to {defaults[name]}"
