@@ -427,13 +427,18 @@ def test_machine_fails_over_to_the_secondary_when_the_primary_fails_a_query():
     assert route.resource == "r2" and route.request.version == load.version
 
 
-def test_machine_retries_a_failed_warm_up_with_growing_backoff_while_the_primary_serves():
+def _warming_r2() -> tuple[Reconciliation, list]:
+    """A machine whose first reconciliation has just begun: the commands warm r2."""
     config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=2000, reserve_tokens=48,
                              retry_base_s=0.5)
     machine = Reconciliation(new_state(), ["r1", "r2"], config)
     (start,) = machine.start()
     machine.handle(OpFinished(start.op_id, True))
-    commands = _fill(machine, "speech Bob: where are my keys", lambda: machine.reconciling)
+    return machine, _fill(machine, "speech Bob: where are my keys", lambda: machine.reconciling)
+
+
+def test_machine_retries_a_failed_warm_up_with_growing_backoff_while_the_primary_serves():
+    machine, commands = _warming_r2()
     delays = []
     for _ in range(3):
         (warm,) = [c for c in commands if isinstance(c, Load) and c.resource == "r2"]
@@ -452,16 +457,11 @@ def test_machine_retries_a_failed_warm_up_with_growing_backoff_while_the_primary
 def test_a_warm_up_that_succeeds_on_a_retry_does_not_set_the_prefill_rate():
     """A server may finish an abandoned attempt's prefill and answer the retry from its cache
     at once: that retry's time would report a rate thousands of times too high."""
-    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=2000, reserve_tokens=48,
-                             retry_base_s=0.5)
-    machine = Reconciliation(new_state(), ["r1", "r2"], config)
-    (start,) = machine.start()
-    machine.handle(OpFinished(start.op_id, True))
-    commands = _fill(machine, "speech Bob: where are my keys", lambda: machine.reconciling)
+    machine, commands = _warming_r2()
     (warm,) = [c for c in commands if isinstance(c, Load) and c.resource == "r2"]
     commands = machine.handle(OpFinished(warm.op_id, False))
     (timer,) = [c for c in commands if isinstance(c, StartTimer)]
     commands = machine.handle(TimerFired(timer.timer_id))
     (warm,) = [c for c in commands if isinstance(c, Load) and c.resource == "r2"]
     machine.handle(OpFinished(warm.op_id, True, n_tokens=len(warm.ids), seconds=0.001))
-    assert machine._warm_rate is None, "no rate from a retried warm-up"
+    assert machine.prefill_tokens_per_s is None, "no rate from a retried warm-up"

@@ -612,7 +612,12 @@ class Reconciliation:
     def _on_op_finished(self, ev: OpFinished) -> list[Command]:
         for slot in self.slots.values():
             slot.ops.discard(ev.op_id)
-        if ev.ok and ev.n_tokens > 0 and ev.seconds > 0:
+        # A retried warm-up's time says nothing of the prefill rate: a server may have computed
+        # the abandoned attempt's prefill and answer the retry from its cache at once.
+        retried = ev.op_id == self._warm_op and self._warm_failures > 0
+        rate = ev.n_tokens / ev.seconds \
+            if ev.ok and ev.n_tokens > 0 and ev.seconds > 0 and not retried else None
+        if rate is not None:
             self._prefill_tokens += ev.n_tokens
             self._prefill_s += ev.seconds
         if ev.op_id in self._eager_ops:
@@ -647,11 +652,7 @@ class Reconciliation:
                                       f"retry {self._warm_failures} in {delay_s:.1f} s"),
                     StartTimer(self._retry_timer, delay_s)]
         slot.failed = False
-        # A retried attempt's time says nothing of the prefill rate: a server may have computed
-        # the abandoned attempt's prefill and answer the retry from its cache at once.
-        retried, self._warm_failures = self._warm_failures > 0, 0
-        rate = ev.n_tokens / ev.seconds if ev.seconds > 0 and ev.n_tokens > 0 and not retried \
-            else None
+        self._warm_failures = 0
         if self.phase is Phase.WARM:
             self._warm_rate = _smooth(self._warm_rate, rate)
         else:
