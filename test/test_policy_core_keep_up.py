@@ -149,3 +149,55 @@ def test_a_capacity_verdict_that_cannot_keep_up_is_the_policy_diagnostics_messag
                  capacity={"viable": False, "message": "arrival exceeds ...", "headroom_s": -3})
     assert d.level == 1 and d.message == "arrival exceeds ..."
     assert ("capacity.headroom_s", "-3") in d.values
+
+
+# -- the keep-up warning names what happened when a typical decision fits the period --
+
+def _shortfall_within_the_period(skipped: int, failed: int, error: str = "") -> str:
+    """2 Hz, decisions of 0.3 s, 20 of them over 30 s (0.67/s): the scheduler's counters say
+    why; a few of the decisions took 4.2 s."""
+    scheduler = QueryScheduler(rate_hz=2.0)
+    stats = QueryStats(started_s=0.0)
+    assert stats.missed(0.0, scheduler).ticks == 0           # the first sample, at the start
+    for i in range(20):
+        took_s = 4.2 if skipped and i % 10 == 0 else 0.3
+        stats.record(_result(took_s * 0.8, took_s * 0.2), 0, now_s=1.5 * (i + 1))
+    scheduler.ticks, scheduler.skipped, scheduler.failed = 20 + skipped, skipped, failed
+    if error:
+        stats.record_error(error)
+    message = keep_up_warning(stats, 2.0, 30.0, scheduler=scheduler)
+    assert message is not None and message.startswith("the policy cannot keep up: 0.667 ")
+    assert "within the period 0.50 s" in message
+    return message
+
+
+def test_a_shortfall_from_skipped_ticks_names_them_and_the_slow_decisions_not_failures():
+    message = _shortfall_within_the_period(skipped=21, failed=0)
+    assert message.endswith("in the last 30 s 21 ticks were skipped while a query ran (2 of "
+                            "the last 20 decisions took longer than the period, the longest "
+                            "4.20 s)")
+    assert "fail" not in message
+
+
+def test_a_shortfall_from_failed_queries_names_them_with_the_last_error_not_skipped_ticks():
+    message = _shortfall_within_the_period(skipped=0, failed=5, error="connection refused")
+    assert message.endswith("in the last 30 s 5 queries failed (the last: connection refused)")
+    assert "skipped" not in message
+
+
+def test_a_shortfall_with_neither_says_no_tick_was_skipped_and_how_many_ticks_came():
+    message = _shortfall_within_the_period(skipped=0, failed=0)
+    assert message.endswith("in the last 30 s no tick was skipped and no query failed; 20 "
+                            "ticks came, 60 were due (the node's timer ran late)")
+
+
+def test_the_counts_cover_the_rate_window_from_the_latest_sample_before_it():
+    scheduler = QueryScheduler(rate_hz=2.0)
+    stats = QueryStats(started_s=0.0)
+    scheduler.skipped = 40                                    # before the first sample
+    assert stats.missed(10.0, scheduler).skipped_ticks == 40  # since the start
+    scheduler.skipped, scheduler.failed = 43, 1
+    missed = stats.missed(50.0, scheduler)                    # no sample at 20 s: from 10 s
+    assert (missed.window_s, missed.skipped_ticks, missed.failed_queries) == (40.0, 3, 1)
+    missed = stats.missed(80.0, scheduler)                    # from the 50 s sample on
+    assert (missed.window_s, missed.skipped_ticks, missed.failed_queries) == (30.0, 0, 0)

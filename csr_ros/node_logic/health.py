@@ -2,6 +2,7 @@
 queries, the achieved decision rate against rate_hz, and a verdict with what to change.
 
     QueryStats        TTFT, decision time, cache hits, typed-action validity, the rate window
+    Missed            ticks skipped, waited and queries failed over the rate window
     keep_up_warning   why the policy is not keeping up, with the numbers; None while it is
     Announcer         when to say a lasting warning (at once, every repeat_s, once when cleared)
     diagnose          counters, rate, last result → (level, message, key/values)
@@ -50,6 +51,7 @@ class QueryStats:
     invalid_actions: int = 0         # ... that did not (incomplete within the budget, unparsable)
     recent_valid: deque = field(default_factory=lambda: deque(maxlen=RECENT_ACTIONS))
     last_invalid: str = ""           # why the latest invalid decision was not an action
+    counted: deque = field(default_factory=lambda: deque(maxlen=10_000))  # scheduler samples
 
     def record(self, result: QueryResult, version: int, *, ttft_s: float | None = None,
                now_s: float | None = None) -> None:
@@ -78,6 +80,19 @@ class QueryStats:
         if window_s < max(RATE_WARMUP_S, periods_s):
             return None
         return sum(1 for t in self.decided_s if t > now_s - window_s) / window_s
+
+    def missed(self, now_s: float, scheduler: QueryScheduler) -> Missed:
+        """What `scheduler` counted since the latest of its samples (one per call) at or before
+        the rate window's start (without one: since the start)."""
+        window_s = max(RATE_WINDOW_S, RATE_PERIODS * scheduler.period_s)
+        now = (now_s, scheduler.ticks, scheduler.skipped, scheduler.failed, scheduler.deferred)
+        while len(self.counted) > 1 and self.counted[1][0] <= now_s - window_s:
+            self.counted.popleft()
+        since_s = max(now_s - window_s, now_s if self.started_s is None else self.started_s)
+        first = self.counted[0] if self.counted else (since_s, 0, 0, 0, 0)
+        self.counted.append(now)
+        return Missed(now_s - first[0],
+                      *(max(0, b - a) for a, b in zip(first[1:], now[1:])))
 
     def ttft_percentile_s(self, q: float) -> float | None:
         return percentile(self.ttfts_s, q)
@@ -108,6 +123,17 @@ class QueryStats:
 
 
 @dataclass(frozen=True)
+class Missed:
+    """What the scheduler counted over the last `window_s` (QueryStats.missed)."""
+
+    window_s: float
+    ticks: int
+    skipped_ticks: int       # a tick while a periodic query ran
+    failed_queries: int
+    deferred_ticks: int      # a tick that waited for a Query call or a Decide goal
+
+
+@dataclass(frozen=True)
 class Diagnosis:
     level: int
     message: str
@@ -118,9 +144,12 @@ RATE_SHORTFALL = 0.8     # achieved below this share of rate_hz: a warning
 
 
 def rate_shortfall(rate: float, rate_hz: float, ttft_p50_s: float | None,
-                   decision_p50_s: float | None = None) -> str:
+                   decision_p50_s: float | None = None, *, missed: Missed | None = None,
+                   decisions_s=(), last_error: str = "") -> str:
     """Why the policy decides slower than asked, and what to change. A decision takes its TTFT
-    plus the decoding of its answer; a query never starts before the previous one ended."""
+    plus the decoding of its answer; a query never starts before the previous one ended.
+    `missed` and `decisions_s` (recent decision times) say what happened when the typical
+    decision fits the period."""
     msg = f"{rate:.3g} decisions/s against rate_hz {rate_hz:g}"
     if ttft_p50_s is None:
         return msg + ": no query has finished yet"
@@ -129,23 +158,40 @@ def rate_shortfall(rate: float, rate_hz: float, ttft_p50_s: float | None,
     msg += (f": a decision takes {took_s:.2f} s (p50: TTFT {ttft_p50_s:.2f} s + decoding "
             f"{max(0.0, took_s - ttft_p50_s):.2f} s)")
     if took_s > period_s:
-        msg += (f", longer than the period {period_s:.2f} s, so ticks are skipped; lower "
-                f"rate_hz to {max(0.01, 0.8 / took_s):.2g}, or make decisions cheaper (fewer "
-                f"max_new_tokens{', the decoding dominates' if took_s > 2 * ttft_p50_s else ''}"
-                "; a smaller tau_mem_tokens; a faster resource)")
-    else:
-        msg += (", shorter than the period: queries failed or waited (see failed_queries and "
-                "the last error)")
-    return msg
+        return msg + (f", longer than the period {period_s:.2f} s, so ticks are skipped; lower "
+                      f"rate_hz to {max(0.01, 0.8 / took_s):.2g}, or make decisions cheaper "
+                      "(fewer max_new_tokens"
+                      f"{', the decoding dominates' if took_s > 2 * ttft_p50_s else ''}; a "
+                      "smaller tau_mem_tokens; a faster resource)")
+    msg += f", within the period {period_s:.2f} s"
+    if missed is None:
+        return msg + ", so queries failed, waited or were skipped"
+    said = []
+    if missed.skipped_ticks:
+        slow = [s for s in decisions_s if s > period_s]
+        said.append(f"{missed.skipped_ticks} ticks were skipped while a query ran"
+                    + (f" ({len(slow)} of the last {len(decisions_s)} decisions took longer "
+                       f"than the period, the longest {max(slow):.2f} s)" if slow else ""))
+    if missed.failed_queries:
+        said.append(f"{missed.failed_queries} queries failed"
+                    + (f" (the last: {last_error})" if last_error else ""))
+    if missed.deferred_ticks:
+        said.append(f"{missed.deferred_ticks} ticks waited for Query calls or Decide goals")
+    if not said:
+        said.append(f"no tick was skipped and no query failed; {missed.ticks} ticks came, "
+                    f"{missed.window_s * rate_hz:.0f} were due (the node's timer ran late)")
+    return msg + f"; in the last {missed.window_s:.0f} s " + ", ".join(said)
 
 
 def keep_up_warning(stats: QueryStats, rate_hz: float, now_s: float, *,
-                    capacity: Mapping | None = None) -> str | None:
+                    capacity: Mapping | None = None,
+                    scheduler: QueryScheduler | None = None) -> str | None:
     """Why the policy is not keeping up, with the numbers and what to change; None while it is.
 
     Said as soon as it shows: the achieved rate below RATE_SHORTFALL of `rate_hz`, or the last
     three decisions each longer than the period (before the rate window has caught up), or the
-    reconciler's capacity verdict that reconciliation cannot keep up with the arrivals."""
+    reconciler's capacity verdict that reconciliation cannot keep up with the arrivals.
+    `scheduler`: its counters say what happened (ticks skipped, queries failed)."""
     if not stats.decision_s:       # nothing decided yet (a model still loading): no verdict
         return capacity["message"] if capacity and capacity.get("viable") is False else None
     period_s = 1 / rate_hz
@@ -155,11 +201,19 @@ def keep_up_warning(stats: QueryStats, rate_hz: float, now_s: float, *,
     if slow:        # each of them longer than the period: at most this rate, whatever came before
         rate = min(rate if rate is not None else rate_hz, 1 / statistics.fmean(recent))
     if rate is not None and rate < RATE_SHORTFALL * rate_hz:
-        return "the policy cannot keep up: " + rate_shortfall(
-            rate, rate_hz, stats.ttft_percentile_s(50), stats.decision_percentile_s(50))
+        return "the policy cannot keep up: " + _shortfall(stats, rate, rate_hz, now_s, scheduler)
     if capacity and capacity.get("viable") is False:
         return capacity["message"]
     return None
+
+
+def _shortfall(stats: QueryStats, rate: float, rate_hz: float, now_s: float | None,
+               scheduler: QueryScheduler | None) -> str:
+    missed = (stats.missed(now_s, scheduler)
+              if scheduler is not None and now_s is not None else None)
+    return rate_shortfall(rate, rate_hz, stats.ttft_percentile_s(50),
+                          stats.decision_percentile_s(50), missed=missed,
+                          decisions_s=list(stats.decision_s), last_error=stats.last_error)
 
 
 class Announcer:
@@ -249,9 +303,7 @@ def diagnose(state: StateFold | Mapping, scheduler: QueryScheduler, stats: Query
         level, message = WARN, (f"TTFT {stats.ttfts_s[-1]:.2f} s exceeds the query period "
                                 f"{scheduler.period_s:.2f} s: ticks are being skipped")
     if rate is not None and rate < RATE_SHORTFALL * scheduler.rate_hz:
-        level, message = WARN, rate_shortfall(rate, scheduler.rate_hz,
-                                              stats.ttft_percentile_s(50),
-                                              stats.decision_percentile_s(50))
+        level, message = WARN, _shortfall(stats, rate, scheduler.rate_hz, now_s, scheduler)
     n_invalid = stats.recent_valid.count(False)
     if n_invalid:
         level, message = WARN, (f"{n_invalid} of the last {len(stats.recent_valid)} decisions "

@@ -757,7 +757,8 @@ class PolicyNode(ManagedNode):
             if self.accepting:             # an inactive policy is not expected to keep up
                 said = self.keep_up.update(keep_up_warning(
                     self.stats, self.scheduler.rate_hz, now_s,
-                    capacity=capacity.as_dict() if capacity is not None else None), now_s)
+                    capacity=capacity.as_dict() if capacity is not None else None,
+                    scheduler=self.scheduler), now_s)
             watch = self.watchdog.status(now_s)
         if said is not None:
             log_at(self.get_logger(), *said)
