@@ -8,6 +8,8 @@ them, and is not on PyPI).
     robot_parameters  `robot_id:=` → the robot_id parameter, checked, only when given
     lifecycle_parameters `autostart:=` → the nodes' autostart parameter (true: active at once;
                       false: unconfigured, for the robot's lifecycle manager)
+    aggregator_parameters `detections_type:=` → the type of the aggregator's detections source
+                      (std_msgs/msg/String where vision_msgs is missing, as on the wheels)
     node_exit_reason  why the launch ends when one of its nodes exits: the node, how it ended,
                       and the error it reported (`error_lines`)
     check_bag         the replay launch's bag arguments, checked before any process starts
@@ -122,6 +124,15 @@ LIFECYCLE_ARGUMENTS = {
 }
 
 
+#: The launch argument that types the aggregator's `detections` source, in every launch file
+#: that starts an aggregator: the PyPI wheels have no vision_msgs (the params file's type).
+DETECTIONS_ARGUMENT = {
+    "detections_type": "message type of /detections ('' = the params file's, vision_msgs/msg/"
+                       "Detection2DArray); std_msgs/msg/String where vision_msgs is not "
+                       "installed, as on the PyPI wheels (csr_ros.nodes.episode_publisher's)",
+}
+
+
 #: The launch arguments several launch files declare: name → (default, description). None as
 #: params_file's default stands for the package's config/csr_ros.yaml (a launch substitution).
 SHARED_ARGUMENTS: dict[str, tuple[str | None, str]] = {
@@ -134,6 +145,7 @@ SHARED_ARGUMENTS: dict[str, tuple[str | None, str]] = {
     "use_sim_time": ("", "true: follow /clock (a bag played with --clock)"),
     **{name: ("", text) for name, text in ROBOT_ARGUMENTS.items()},
     **{name: ("true", text) for name, text in LIFECYCLE_ARGUMENTS.items()},
+    **{name: ("", text) for name, text in DETECTIONS_ARGUMENT.items()},
 }
 
 
@@ -152,6 +164,20 @@ def lifecycle_parameters(arguments: Mapping[str, str]) -> dict[str, Any]:
     except ConfigError:
         raise ConfigError(f"launch argument autostart:={text!r} is not a boolean; write true "
                           "or false") from None
+
+
+def aggregator_parameters(arguments: Mapping[str, str]) -> dict[str, Any]:
+    """{'source.detections.type': 'pkg/msg/Name'} for `detections_type:=` when given, else {}
+    (the params file's type holds)."""
+    from csr_ros.render.plain import normalize_type_name
+
+    text = arguments.get("detections_type", "").strip()
+    if not text:
+        return {}
+    try:
+        return {"source.detections.type": normalize_type_name(text)}
+    except ConfigError as exc:
+        raise ConfigError(f"launch argument detections_type:={text!r}: {exc}") from None
 
 
 def robot_parameters(arguments: Mapping[str, str]) -> dict[str, Any]:

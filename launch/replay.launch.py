@@ -15,6 +15,7 @@ rosbag2 where `ros2 bag` exists. Sim time follows the bag's clock (--clock), so 
 limits match the recording. `delay:=SECONDS` waits that long before playing; without it the
 bag plays at once, so with mode:=all (local models that take a while to load) give a delay
 that covers the load, or the first part of the bag reaches only the aggregator.
+detections_type:= retypes the aggregator's /detections source (see all.launch.py).
 autostart:= goes to the nodes (false: they wait, unconfigured, for a lifecycle manager), and
 a node process that exits ends the launch as in the included launch file.
 
@@ -35,8 +36,8 @@ from launch_ros.substitutions import FindPackageShare
 
 from csr_ros.errors import CsrError
 from csr_ros.launch_actions import declare
-from csr_ros.launch_args import check_bag, node_namespace, node_parameters, player_exit_reason, \
-    rosbag2_available
+from csr_ros.launch_args import aggregator_parameters, check_bag, node_namespace, \
+    node_parameters, player_exit_reason, rosbag2_available
 
 
 class PlayerError(CsrError):
@@ -49,10 +50,12 @@ def replay(context):
     play_cmd = check_bag(args, rosbag2=rosbag2_available())
     node_namespace(args["namespace"])          # checked here too: before the player starts
     node_parameters(args)                      # (the params file, robot_id, autostart)
+    aggregator_parameters(args)
     share = FindPackageShare("csr_ros").perform(context)
     forwarded = {"params_file": args["params_file"], "model": args["model"],
                  "use_sim_time": "true", "namespace": args["namespace"],
-                 "robot_id": args["robot_id"], "autostart": args["autostart"]}
+                 "robot_id": args["robot_id"], "autostart": args["autostart"],
+                 "detections_type": args["detections_type"]}
     if args["mode"] == "all":
         forwarded["threads"] = args["threads"]
     nodes = IncludeLaunchDescription(
@@ -96,6 +99,7 @@ def generate_launch_description():
         DeclareLaunchArgument("loop", default_value="false", description="play in a loop"),
         DeclareLaunchArgument("mode", default_value="robot", choices=["robot", "all"],
                               description="robot: aggregator+policy; all: everything locally"),
-        *declare("params_file", "model", "threads", "namespace", "robot_id", "autostart"),
+        *declare("params_file", "model", "threads", "namespace", "robot_id", "autostart",
+                 "detections_type"),
         OpaqueFunction(function=replay),
     ])

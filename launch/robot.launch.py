@@ -5,6 +5,7 @@
     ros2 launch csr_ros robot.launch.py namespace:=robot_a r1_url:=http://router:8000 \
         r2_url:=http://router:8000     # /robot_a/csr/..., routing key robot_a
     ros2 launch csr_ros robot.launch.py autostart:=false    # unconfigured, for a manager
+    ros2 launch csr_ros robot.launch.py detections_type:=std_msgs/msg/String  # no vision_msgs
 
 The policy asks the primary server named by the reconciler's latest SwapEvent (csr/swaps);
 r1_url/r2_url are what it uses before the first one arrives. A launch argument sets its
@@ -26,7 +27,7 @@ from launch import LaunchDescription
 from launch.actions import OpaqueFunction
 
 from csr_ros.launch_actions import declare, node
-from csr_ros.launch_args import given_overrides, node_parameters
+from csr_ros.launch_args import aggregator_parameters, given_overrides, node_parameters
 
 OVERRIDES = {"r1_url": ("resource.r1_url", str), "r2_url": ("resource.r2_url", str),
              "model": ("model", str), "use_sim_time": ("use_sim_time", bool)}
@@ -38,7 +39,9 @@ def nodes(context):
     sim_time = given_overrides(args, {"use_sim_time": OVERRIDES["use_sim_time"]})
     policy = given_overrides(args, OVERRIDES) | every_node
     return [
-        *node(args, "aggregator", [params_file, sim_time | every_node], name="aggregator"),
+        *node(args, "aggregator",
+              [params_file, sim_time | every_node | aggregator_parameters(args)],
+              name="aggregator"),
         *node(args, "policy", [params_file, policy], name="policy"),
     ]
 
@@ -46,6 +49,6 @@ def nodes(context):
 def generate_launch_description():
     return LaunchDescription([
         *declare("params_file", "r1_url", "r2_url", "use_sim_time", "model", "namespace",
-                 "robot_id", "autostart"),
+                 "robot_id", "autostart", "detections_type"),
         OpaqueFunction(function=nodes),
     ])

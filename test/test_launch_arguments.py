@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from csr_ros.errors import ConfigError
-from csr_ros.launch_args import (SHARED_ARGUMENTS, bag_play_command, check_bag, check_params_file,
-                                given_overrides)
+from csr_ros.launch_args import (SHARED_ARGUMENTS, aggregator_parameters, bag_play_command,
+                                check_bag, check_params_file, given_overrides)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "csr_ros.yaml"
@@ -30,6 +30,29 @@ def test_launch_arguments_that_were_not_given_set_no_parameter():
         "resource.r1_url": "http://gpu:8001", "resource.threads": 4, "use_sim_time": True}
     with pytest.raises(ConfigError, match=r"threads:='four' must be an integer"):
         given_overrides({"threads": "four"}, table)
+
+
+def test_detections_type_retypes_the_aggregators_detections_source_only_when_given():
+    from csr_ros.ros_params import load_params_file, validate
+
+    assert aggregator_parameters({"detections_type": ""}) == aggregator_parameters({}) == {}
+    given = aggregator_parameters({"detections_type": "std_msgs/String"})
+    assert given == {"source.detections.type": "std_msgs/msg/String"}
+    values = load_params_file(CONFIG)["aggregator"]
+    sources = {s.name: s for s in validate("aggregator", values | given)["sources"]}
+    assert sources["detections"].type_name == "std_msgs/msg/String"
+    assert sources["detections"].topic == "/detections"          # the rest of it as in the file
+    assert sources["speech"].type_name == "std_msgs/msg/String"
+    with pytest.raises(ConfigError, match=r"detections_type:='Detection2DArray'.*package/msg/"):
+        aggregator_parameters({"detections_type": "Detection2DArray"})
+
+
+def test_every_launch_file_with_an_aggregator_takes_detections_type():
+    for path in sorted((ROOT / "launch").glob("*.launch.py")):
+        text = path.read_text()
+        if '"aggregator"' in text or path.name == "replay.launch.py":
+            assert "aggregator_parameters(args)" in text and '"detections_type"' in text, \
+                path.name
 
 
 def test_every_launch_argument_that_sets_a_parameter_defaults_to_not_given():

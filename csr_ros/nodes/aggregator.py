@@ -110,9 +110,13 @@ class AggregatorNode(ManagedNode):
                     # expected where a type's package is not installed (vision_msgs on the
                     # PyPI wheels): said once, and kept on /diagnostics (WARN, skipped.<name>)
                     self.said_skipped.add((source.name, source.type_name))
+                    retype = (" (the launch files' detections_type:=std_msgs/msg/String)"
+                              if source.name == "detections" else "")
                     self.get_logger().info(
                         f"source {source.name!r} ({source.topic}) skipped: "
-                        f"{missing[source.type_name]}; set strict:=true to stop instead")
+                        f"{missing[source.type_name]}; install its package, or give "
+                        f"source.{source.name}.type a type that is installed{retype}; "
+                        "strict:=true stops instead")
             else:
                 self.sources[source.name] = source
         if not self.sources:

@@ -83,7 +83,10 @@ class EpisodePublisherNode(GuardedCallbacks, Node):
             if waiting and now_s - self.created_s < self.params["wait_for_subscribers_s"]:
                 return
             if waiting:
-                self.get_logger().warning(f"no subscriber on {', '.join(waiting)}; starting")
+                self.get_logger().warning(
+                    f"no subscriber on {', '.join(waiting)} after "
+                    f"{self.params['wait_for_subscribers_s']:g} s; starting (an aggregator that "
+                    "skipped a source says why; /detections here is std_msgs/msg/String)")
             self.started_s = now_s
         while self.started_s + self.next_item.t_s <= now_s:
             self.publish(self.next_item)
