@@ -273,6 +273,47 @@ def test_a_short_evaluation_runs_over_a_real_llama_cpp_server(tmp_path, llama_se
 
 
 
+
+def test_eval_progress_reaches_a_pipe_line_by_line_while_the_run_goes_on(tmp_path):
+    """`csr-ros eval ... 2>&1 | cat`: stdout and stderr are pipes. The server the run asks holds
+    every request, so the run cannot end before the test has read its first progress line."""
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    release, answered = threading.Event(), threading.Event()
+
+    class Held(BaseHTTPRequestHandler):
+        def do_GET(self):
+            release.wait(120.0)         # a run whose lines wait for its end gets there after
+            answered.set()
+            self.send_error(503)
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Held)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    cmd = [sys.executable, "-m", "csr_ros.cli", "eval", str(tmp_path / "patrol"), "--format",
+           "patrol", "--duration-s", "180", "--n-questions", "3", "--methods", "none",
+           "--resource", "openai", "--url", f"http://127.0.0.1:{server.server_address[1]}"]
+    run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = [run.stdout.readline()]
+        while lines[-1] and not lines[-1].startswith("patrol: "):
+            lines.append(run.stdout.readline())
+        assert not answered.is_set() and run.poll() is None, "".join(lines)  # still waiting
+        assert lines[-1].startswith("patrol: 1 episode(s), 65 observations, 3 questions")
+    finally:
+        release.set()
+        run.kill()
+        run.communicate()
+        server.shutdown()
+        server.server_close()
+
 # -- (a) a bag and a questions file ---------------------------------------------------------------
 
 BAG_PARAMS = """
