@@ -26,6 +26,9 @@ from support.llama_server import (fresh_llama_server, llama_server,  # noqa: E40
 #: missing generated interfaces fails the run instead of skipping those tests.
 ROS_REQUIRED = (os.environ.get("CI", "").lower() == "true"
                 or os.environ.get("CSR_ROS_REQUIRE_ROS", "") not in ("", "0"))
+#: The same for the arm64 root file system (test_aarch64_robot_side.py, scripts/setup_aarch64.sh).
+AARCH64_REQUIRED = (os.environ.get("CI", "").lower() == "true"
+                    or os.environ.get("CSR_ROS_REQUIRE_AARCH64", "") not in ("", "0"))
 
 
 def pytest_configure(config):
@@ -51,6 +54,10 @@ def pytest_runtest_makereport(item, call):
             and item.get_closest_marker("ros") is not None:
         report.outcome = "failed"
         report.longrepr = f"a ROS test was skipped where ROS is required: {report.longrepr}"
+    if AARCH64_REQUIRED and report.skipped and item.get_closest_marker("aarch64") is not None:
+        report.outcome = "failed"
+        report.longrepr = (f"an aarch64 test was skipped where they are required: "
+                           f"{report.longrepr}")
 
 
 @pytest.fixture(scope="session")
