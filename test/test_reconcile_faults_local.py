@@ -20,6 +20,7 @@ from csr_ros.reconcile.driver import Reconciler
 from csr_ros.reconcile.machine import ReconcileConfig
 from csr_ros.state import CsrState
 from csr_ros.tokenizer import HFTokenizer
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +85,49 @@ def test_a_query_on_a_stalled_worker_fails_at_the_query_timeout_and_the_secondar
             after.request.static_ids
     assert not r1.alive, "the worker that did not answer was killed"
     assert r1.revive() and r1.alive
+
+
+def _swapped_once(rec: Reconciler) -> None:
+    """Feed the patrol's kind of chunks until the first swap: the old primary keeps its state."""
+    i = 0
+    while rec.machine.counters.swaps == 0:
+        rec.add_chunk(f"{i}s odom: at {i},2 moving towards the kitchen door", source="odom")
+        i += 1
+        if rec.machine.reconciling:
+            assert rec.wait_idle(timeout_s=300)
+    assert rec.wait_idle(timeout_s=300)
+
+
+def test_a_stalled_primary_worker_is_hedged_on_the_idle_secondary_and_stays_suspect_until_it_answers(
+        workers, tokenizer):
+    for resource in workers:
+        resource.revive()
+    config = ReconcileConfig(tau_mem_tokens=300, max_context_tokens=1024, reserve_tokens=128,
+                             n_catchup_tokens=1000, query_timeout_s=120.0, hedge_after_s=1.0)
+    with Reconciler(empty_state(tokenizer), workers, config) as rec:
+        rec.start(timeout_s=300)
+        _swapped_once(rec)
+        stalled, other = rec.machine.primary, rec.machine.secondary
+        assert rec.query("Which action next?", max_new_tokens=2).resource == stalled
+        rec.add_chunk("battery 81 percent", source="battery")
+        os.kill(rec.resources[stalled].pid, signal.SIGSTOP)       # no longer answers
+        try:
+            hedged = in_thread(lambda: rec.query("Which action next?", max_new_tokens=2))
+            straight = in_thread(lambda: rec.query("Which action next?", max_new_tokens=2))
+            assert rec.machine.slots[stalled].suspect
+        finally:
+            os.kill(rec.resources[stalled].pid, signal.SIGCONT)
+        assert hedged.ok and hedged.resource == other, hedged.error
+        assert hedged.request.version < rec.machine.active.version, \
+            "answered against the old version the secondary holds"
+        assert hedged.request.static_ids[-1] == rec.machine.active.static_ids[-1], \
+            "with every chunk that came after the swap"
+        assert straight.ok and straight.resource == other, "a suspect primary is not waited for"
+        wait_for(lambda: not rec.machine.slots[stalled].suspect, timeout_s=300,
+                 what="the late query's answer, which clears the suspicion")
+        assert rec.machine.counters.hedged_queries == 2 and rec.machine.counters.failovers == 0
+        back = rec.query("Which action next?", max_new_tokens=2)
+        assert back.ok and back.resource == stalled
 
 
 def test_the_driver_saves_a_capsule_at_a_checkpoint_and_a_restart_resumes_from_it(

@@ -21,7 +21,8 @@ from csr_ros.errors import ChunkOrderError, ConfigError
 from csr_ros.layout import Layout
 from csr_ros.model_store import resolve_model_dir
 from csr_ros.reconcile.machine import (ChunkArrived, Extend, Load, Notice, OpFinished, Phase,
-                                       QueryFinished, QueryStarted, ReconcileConfig,
+                                       QueryFinished, QueryStalled, QueryStarted,
+                                       ReconcileConfig,
                                        Reconciliation, Route, StartTimer, TimerFired,
                                        VersionChanged)
 from csr_ros.state import CsrState
@@ -88,6 +89,8 @@ class ReconcileMachineModel(RuleBasedStateMachine):
                         "text mode sends the same chunks as text"
                 self.sims[cmd.resource].queue.append(cmd)
             elif isinstance(cmd, Route):
+                if cmd.hedge:
+                    event("hedged query")
                 self.sims[cmd.resource].queue.append(cmd)
                 if self.expect_i_star is not None:
                     assert cmd.request.i_star == self.expect_i_star, \
@@ -173,6 +176,16 @@ class ReconcileMachineModel(RuleBasedStateMachine):
                 sim.committed, sim.tag, sim.alive = [], None, False
             self.step(QueryFinished(request.query_id, ok, now_s=self.now_s))
 
+    @precondition(lambda self: any(isinstance(c, Route) and not c.hedge
+                                   for s in self.sims.values() for c in s.queue))
+    @rule(data=st.data())
+    def a_query_is_late(self, data):
+        late = [c for s in self.sims.values() for c in s.queue
+                if isinstance(c, Route) and not c.hedge]
+        route = data.draw(st.sampled_from(late))
+        self.step(QueryStalled(route.request.query_id, task="Pick the next action.",
+                               max_new_tokens=MAX_NEW_TOKENS, now_s=self.now_s))
+
     @precondition(lambda self: bool(self.timers))
     @rule(data=st.data())
     def timer_fires(self, data):
@@ -221,6 +234,21 @@ class ReconcileMachineModel(RuleBasedStateMachine):
         assert m.slots[m.primary].holds == m.active.version
         if m.phase is Phase.IDLE:
             assert m.pending is None and not m.buffer
+
+    @invariant()
+    def a_hedge_state_is_what_the_idle_secondary_holds_and_every_chunk_since(self):
+        if self.machine is None or self.machine.hedge_state is None:
+            return
+        m = self.machine
+        held = m.hedge_state
+        sim = self.sims[m.secondary]
+        assert sim.tag == held.version
+        if not sim.queue:
+            assert list(held.static_ids[:len(sim.committed)]) == sim.committed, \
+                "a hedged query extends exactly what the secondary has committed"
+        assert [c.seq for c in held.chunks][-1:] == [c.seq for c in m.active.chunks][-1:], \
+            "the hedge state has every chunk the active one has"
+        assert held.n_static + self.config.reserve_tokens <= self.config.max_context_tokens
 
     def _evicted_so_far(self) -> list[int]:
         first = min((c.seq for c in self.machine.active.chunks),
@@ -465,3 +493,74 @@ def test_a_warm_up_that_succeeds_on_a_retry_does_not_set_the_prefill_rate():
     (warm,) = [c for c in commands if isinstance(c, Load) and c.resource == "r2"]
     machine.handle(OpFinished(warm.op_id, True, n_tokens=len(warm.ids), seconds=0.001))
     assert machine.prefill_tokens_per_s is None, "no rate from a retried warm-up"
+
+
+def _past_a_swap(**overrides) -> Reconciliation:
+    """An ASR machine whose first reconciliation swapped r2 in: r1 keeps the old version."""
+    config = ReconcileConfig(**{"tau_mem_tokens": 100, "max_context_tokens": 400,
+                                "reserve_tokens": 48, "n_catchup_tokens": 1000,
+                                "eager_extend": False, **overrides})
+    machine = _started(config)
+    commands = _fill(machine, "odometry x=1.00 y=2.00", lambda: machine.reconciling)
+    (warm,) = [c for c in commands if isinstance(c, Load) and c.purpose == "warm"]
+    machine.handle(OpFinished(warm.op_id, True, n_tokens=len(warm.ids), seconds=1.0))
+    assert machine.primary == "r2" and machine.counters.swaps == 1
+    return machine
+
+
+def _route(commands) -> Route:
+    (route,) = [c for c in commands if isinstance(c, Route)]
+    return route
+
+
+def test_a_late_query_is_asked_again_on_the_secondary_against_the_old_version_and_every_chunk_since():
+    machine = _past_a_swap()
+    old = machine.previous
+    old_ids = list(old.static_ids)                      # what r1 committed, at most
+    (chunk,) = machine.active.make_chunks("battery 81 percent", source="b", stamp_ns=0)
+    machine.handle(ChunkArrived(chunk))
+    late = _route(machine.handle(QueryStarted(task="next?", max_new_tokens=4)))
+    assert late.resource == "r2" and not late.hedge
+    hedge = _route(machine.handle(QueryStalled(late.request.query_id, task="next?",
+                                               max_new_tokens=4)))
+    assert (hedge.resource, hedge.hedge, hedge.request.version) == ("r1", True, old.version)
+    assert list(hedge.request.static_ids[:len(old_ids)]) == old_ids, \
+        "the hedge extends what r1 holds"
+    assert hedge.request.last_seq == chunk.seq, "and holds the chunk that came after the swap"
+    assert machine.slots["r2"].suspect and machine.counters.hedged_queries == 1
+    # while r2 is suspect, queries go straight to r1
+    straight = _route(machine.handle(QueryStarted(task="next?", max_new_tokens=4)))
+    assert (straight.resource, straight.hedge) == ("r1", True)
+    machine.handle(QueryFinished(hedge.request.query_id, True))
+    machine.handle(QueryFinished(straight.request.query_id, True))
+    machine.handle(QueryFinished(late.request.query_id, True))      # r2 answers again
+    assert not machine.slots["r2"].suspect
+    back = _route(machine.handle(QueryStarted(task="next?", max_new_tokens=4)))
+    assert (back.resource, back.hedge) == ("r2", False)
+    assert machine.counters.failovers == 0
+
+
+def test_a_query_that_failed_on_the_primary_is_asked_on_the_secondary_before_its_failover_load():
+    machine = _past_a_swap()
+    late = _route(machine.handle(QueryStarted(task="next?", max_new_tokens=4)))
+    hedge = _route(machine.handle(QueryStalled(late.request.query_id, task="next?",
+                                               max_new_tokens=4)))
+    commands = machine.handle(QueryFinished(late.request.query_id, False))
+    (load,) = [c for c in commands if isinstance(c, Load)]
+    assert hedge.resource == load.resource == "r1" and load.purpose == "failover", \
+        "r1 answers the hedge first (its commands run in order), then loads the current state"
+    assert machine.primary == "r1" and machine.hedge_state is None
+
+
+def test_nothing_is_hedged_while_the_secondary_warms_or_before_any_swap():
+    machine = _started(ReconcileConfig(tau_mem_tokens=100, max_context_tokens=400,
+                                       reserve_tokens=48, eager_extend=False))
+    first = _route(machine.handle(QueryStarted(task="next?", max_new_tokens=4)))
+    assert machine.handle(QueryStalled(first.request.query_id, task="next?")) == []
+    machine.handle(QueryFinished(first.request.query_id, True))
+    machine = _past_a_swap()
+    _fill(machine, "odometry x=1.00 y=2.00", lambda: machine.reconciling)   # r1 warms X_E
+    late = _route(machine.handle(QueryStarted(task="next?", max_new_tokens=4)))
+    assert machine.hedge_state is None and machine.previous is None
+    assert machine.handle(QueryStalled(late.request.query_id, task="next?")) == []
+    assert machine.slots["r2"].suspect, "suspect all the same: it is late"

@@ -40,12 +40,13 @@ Over a robot's day, faults included:
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -54,7 +55,7 @@ from csr_ros.errors import (ChunkLogError, ChunkLogFullError, ConfigError, CsrEr
                             QueryCancelledError)
 from csr_ros.eviction import EvictionPolicy, drop_oldest_fraction
 from csr_ros.reconcile.machine import (ChunkArrived, Extend, Load, Notice, OpFinished,
-                                       QueryFinished, QueryStarted, ReconcileConfig,
+                                       QueryFinished, QueryStalled, QueryStarted, ReconcileConfig,
                                        Reconciliation, Route, StartTimer, TimerFired,
                                        VersionChanged)
 from csr_ros.resources.base import QueryResult, Resource
@@ -329,58 +330,143 @@ class Reconciler:
         """Build a request against the active version and answer it on the resource holding it.
         `on_token` and `on_text` go to the resource's query (progress; what they raise ends
         the query). A QueryCancelledError they raise reaches the caller: the resource did not
-        fail."""
-        timeout_s = self.config.query_timeout_s
+        fail.
+
+        With `hedge_after_s`, a query the primary has not answered by then, or that failed on
+        it, is asked on the secondary too where it holds a consistent state (the machine's
+        `hedge_state`): the first answer is the outcome, and the other one stops at its next
+        token; its end is accounted when it comes."""
+        config = self.config
+        answered = threading.Event()
+        ask = dict(max_new_tokens=max_new_tokens, stop=stop, constraint=constraint,
+                   on_token=_unless(answered, on_token), on_text=_unless(answered, on_text))
         with self._lock:
             started_s = self.clock()
             inside = self.machine.reconciling
-            commands = self.machine.handle(QueryStarted(task=task, suffix=suffix,
-                                                        max_new_tokens=max_new_tokens,
-                                                        now_s=started_s))
-            (route,) = [c for c in commands if isinstance(c, Route)]
-            self._dispatch([c for c in commands if not isinstance(c, Route)])
-            marker = ("query", int(route.request.query_id))
-            self._queued[route.resource].append(marker)
-            future = self._workers[route.resource].submit(
-                lambda: self._answer(route, max_new_tokens, stop, started_s, constraint,
-                                     on_token, on_text, marker))
-        outcome: QueryOutcome
-        try:
-            wait_s, result = future.result(timeout=timeout_s)
-            outcome = QueryOutcome(request=route.request, resource=route.resource,
-                                   started_s=started_s, inside_window=inside, wait_s=wait_s,
-                                   ttft_s=wait_s + result.ttft_s, result=result)
-        except QueryCancelledError:
-            with self._lock:
-                self._handle(QueryFinished(route.request.query_id, True, now_s=self.clock()))
-            raise
-        except FutureTimeout:
-            # Not answered in time (a stalled server or worker, or work queued ahead of it):
-            # the policy goes on; a query not started yet never runs, a running one is the
-            # resource's to end (a worker process is killed at the same deadline).
-            waited = "queued behind other work" if future.cancel() else "running"
-            with self._lock:
-                _discard(self._queued[route.resource], marker)
-            self.log.warning("query %d on %s not answered within %.1f s (%s); %s counts as "
-                             "failed", route.request.query_id, route.resource, timeout_s,
-                             waited, route.resource)
-            outcome = QueryOutcome(request=route.request, resource=route.resource,
-                                   started_s=started_s, inside_window=inside,
-                                   error=f"ResourceTimeoutError: not answered within "
-                                         f"{timeout_s:.1f} s ({waited})")
-        except Exception as exc:  # a failed resource is an outcome, not a crash of the policy
-            self.log.warning("query %d on %s failed: %s", route.request.query_id,
-                             route.resource, exc)
-            outcome = QueryOutcome(request=route.request, resource=route.resource,
-                                   started_s=started_s, inside_window=inside,
-                                   error=f"{type(exc).__name__}: {exc}")
-        with self._lock:
-            self._handle(QueryFinished(route.request.query_id, outcome.ok, now_s=self.clock()))
+            route = self._route(QueryStarted(task=task, suffix=suffix,
+                                             max_new_tokens=max_new_tokens, now_s=started_s))
+            calls = {self._submit(route, started_s, ask): route}
+        hedged = route.hedge or config.hedge_after_s is None
+        deadline_s = None if config.query_timeout_s is None else \
+            started_s + config.query_timeout_s
+        errors: list[tuple[Route, str]] = []
+        outcome = None
+        while outcome is None and calls:
+            now_s = self.clock()
+            waits = [t - now_s for t in (deadline_s, None if hedged else
+                                         started_s + config.hedge_after_s) if t is not None]
+            done, _ = futures_wait(list(calls), timeout=max(0.0, min(waits)) if waits else None,
+                                   return_when=FIRST_COMPLETED)
+            for future in done:
+                answered_route = calls.pop(future)
+                try:
+                    wait_s, result = future.result()
+                except QueryCancelledError:
+                    self._finished(answered_route, True)
+                    answered.set()
+                    for other, other_route in calls.items():
+                        other.add_done_callback(functools.partial(self._finished_later,
+                                                                  other_route))
+                    raise
+                except Exception as exc:  # a failed resource is an outcome, not a crash
+                    self.log.warning("query %d on %s failed: %s",
+                                     answered_route.request.query_id, answered_route.resource,
+                                     exc)
+                    if not hedged:                # ask the secondary before the failover
+                        hedged = True
+                        calls.update(self._hedge(answered_route, task, suffix, started_s, ask))
+                    self._finished(answered_route, False)
+                    errors.append((answered_route, f"{type(exc).__name__}: {exc}"))
+                    continue
+                outcome = QueryOutcome(request=answered_route.request,
+                                       resource=answered_route.resource, started_s=started_s,
+                                       inside_window=inside, wait_s=wait_s,
+                                       ttft_s=wait_s + result.ttft_s, result=result)
+                self._finished(answered_route, True)
+                break
+            if outcome is not None or not calls:
+                break
+            now_s = self.clock()
+            if deadline_s is not None and now_s >= deadline_s:
+                for future, late in calls.items():
+                    errors.append((late, self._timed_out(future, late)))
+                calls = {}
+                break
+            if not hedged and now_s >= started_s + config.hedge_after_s:
+                hedged = True
+                calls.update(self._hedge(route, task, suffix, started_s, ask))
+        answered.set()                            # what still runs stops at its next token
+        for future, late in calls.items():
+            future.add_done_callback(functools.partial(self._finished_later, late))
+        if outcome is None:
+            failed, error = errors[-1]
+            outcome = QueryOutcome(request=failed.request, resource=failed.resource,
+                                   started_s=started_s, inside_window=inside, error=error)
         return outcome
 
-    def _answer(self, route: Route, max_new_tokens: int, stop: Sequence[str],
-                started_s: float, constraint=None, on_token=None,
-                on_text=None, marker: tuple[str, int] | None = None) -> tuple[float, QueryResult]:
+    def _route(self, event) -> Route:
+        """Under the lock: the machine's route for a query event; its other commands queued."""
+        commands = self.machine.handle(event)
+        (route,) = [c for c in commands if isinstance(c, Route)]
+        self._dispatch([c for c in commands if not isinstance(c, Route)])
+        return route
+
+    def _submit(self, route: Route, started_s: float, ask: dict) -> Future:
+        """Under the lock: queue `route` on its resource's worker."""
+        marker = ("query", int(route.request.query_id))
+        self._queued[route.resource].append(marker)
+        return self._workers[route.resource].submit(
+            lambda: self._answer(route, started_s=started_s, marker=marker, **ask))
+
+    def _hedge(self, slow: Route, task: str, suffix: str, started_s: float,
+               ask: dict) -> dict[Future, Route]:
+        """`slow` is late or failed on the primary: ask the secondary, where it can."""
+        with self._lock:
+            commands = self.machine.handle(QueryStalled(
+                slow.request.query_id, task=task, suffix=suffix,
+                max_new_tokens=ask["max_new_tokens"], now_s=self.clock()))
+            routes = [c for c in commands if isinstance(c, Route)]
+            self._dispatch([c for c in commands if not isinstance(c, Route)])
+            if not routes:
+                return {}
+            (route,) = routes
+            self.timeline.append(TimelineEvent(self.clock(), "hedge",
+                                               int(route.request.version),
+                                               f"{slow.resource} late, asked {route.resource}"))
+            self.log.warning("query %d on %s not answered after %.1f s: asked %s too (v%d, "
+                             "the state it holds); %s is suspect until it answers",
+                             slow.request.query_id, slow.resource, self.clock() - started_s,
+                             route.resource, route.request.version, slow.resource)
+            return {self._submit(route, started_s, ask): route}
+
+    def _timed_out(self, future: Future, route: Route) -> str:
+        """Past query_timeout_s: a query not started never runs, a running one is the
+        resource's to end (a worker process is killed at the same deadline)."""
+        timeout_s = self.config.query_timeout_s
+        waited = "queued behind other work" if future.cancel() else "running"
+        with self._lock:
+            _discard(self._queued[route.resource], ("query", int(route.request.query_id)))
+        self.log.warning("query %d on %s not answered within %.1f s (%s); %s counts as failed",
+                         route.request.query_id, route.resource, timeout_s, waited,
+                         route.resource)
+        self._finished(route, False)
+        return f"ResourceTimeoutError: not answered within {timeout_s:.1f} s ({waited})"
+
+    def _finished(self, route: Route, ok: bool) -> None:
+        with self._lock:
+            if route.request.query_id in self.machine.queries:
+                self._handle(QueryFinished(route.request.query_id, ok, now_s=self.clock()))
+
+    def _finished_later(self, route: Route, future: Future) -> None:
+        """The end of a query whose caller had its answer from the other resource."""
+        if future.cancelled():
+            return                                # accounted when it was cancelled
+        exc = future.exception()
+        self._finished(route, exc is None or isinstance(exc, QueryCancelledError))
+
+    def _answer(self, route: Route, *, max_new_tokens: int, stop: Sequence[str],
+                started_s: float, constraint=None, on_token=None, on_text=None,
+                marker: tuple[str, int] | None = None) -> tuple[float, QueryResult]:
         if marker is not None:
             with self._lock:
                 _discard(self._queued[route.resource], marker)
@@ -667,6 +753,16 @@ class Reconciler:
                 return
             self._timers.pop(timer_id, None)
             self._handle(TimerFired(timer_id, now_s=self.clock()))
+
+
+def _unless(answered: threading.Event, follow):
+    """A query's progress callback that stops it once the caller has its answer elsewhere."""
+    def call(value):
+        if answered.is_set():
+            raise QueryCancelledError("the other resource answered first")
+        if follow is not None:
+            follow(value)
+    return call
 
 
 def _discard(items: list, item) -> None:

@@ -30,6 +30,11 @@ Algorithm 1 of the CSR paper, with concurrent queries routed by version:
   history) is evicted with the same policy, round after round, before the primary loads it.
 - A new chunk stream (the aggregator restarted without its chunk log: seqs begin again) is a
   new version holding none of the old stream's chunks (`new_stream`).
+- Hedged queries: after a swap the old primary keeps the old version, and the chunks that
+  arrive later are appended to that state too (`previous`) while the secondary holds it, idle.
+  A query on the primary that has not answered by `hedge_after_s` (`QueryStalled`), or that
+  failed, is asked again there, built against that state; the slow primary is *suspect*, and
+  every query goes straight to the secondary until the primary answers again.
 - `capacity()` checks eq. 54 from the first measurements (arrival rate, prefill rate of any
   load or extend) and says what to change when reconciliation cannot keep up.
 - What the machine keeps stays bounded over a robot's day: the evicted seqs are kept as runs
@@ -64,12 +69,14 @@ class ReconcileConfig:
     retry_max_s: float = 8.0
     warm_timeout_s: float | None = None    # a Load or Extend (any purpose) that takes longer fails
     query_timeout_s: float | None = None   # a query not answered in this time fails (the driver)
+    hedge_after_s: float | None = None     # a query not answered by then is asked again on the
+                                           # secondary too, where it holds a consistent state
     rate_halflife_s: float = 10.0      # smoothing of the token arrival rate
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ConfigError(f"reconcile mode must be one of {MODES}, got {self.mode!r}")
-        for name in ("warm_timeout_s", "query_timeout_s"):
+        for name in ("warm_timeout_s", "query_timeout_s", "hedge_after_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be > 0 (or None: no limit), got {value}")
@@ -107,6 +114,17 @@ class QueryStarted:
 
 
 @dataclass(frozen=True)
+class QueryStalled:
+    """Query `query_id` has not answered by `hedge_after_s` (or failed): ask it elsewhere."""
+
+    query_id: QueryId
+    task: str
+    suffix: str = ""
+    max_new_tokens: int = 0
+    now_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class QueryFinished:
     query_id: QueryId
     ok: bool
@@ -130,7 +148,7 @@ class TimerFired:
     now_s: float = 0.0
 
 
-Event = Union[ChunkArrived, QueryStarted, QueryFinished, OpFinished, TimerFired]
+Event = Union[ChunkArrived, QueryStarted, QueryStalled, QueryFinished, OpFinished, TimerFired]
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -165,11 +183,13 @@ class Extend:
 
 @dataclass(frozen=True)
 class Route:
-    """Answer `request` on `resource`; `cold`: discard the resource's cache first (baseline)."""
+    """Answer `request` on `resource`; `cold`: discard the resource's cache first (baseline);
+    `hedge`: asked on the secondary, against the state it holds, for a slow primary."""
 
     resource: str
     request: Request
     cold: bool = False
+    hedge: bool = False
 
 
 @dataclass(frozen=True)
@@ -208,6 +228,7 @@ class ResourceSlot:
     inflight: set[QueryId] = field(default_factory=set)
     ops: set[int] = field(default_factory=set)
     failed: bool = False
+    suspect: bool = False              # a query on it did not answer in time; until one does
 
 
 @dataclass
@@ -221,6 +242,7 @@ class Counters:
     failovers: int = 0
     queries: int = 0
     failed_queries: int = 0
+    hedged_queries: int = 0            # asked on the secondary for a slow or failed primary
     chunks_in: int = 0
     catchup_steps: int = 0
 
@@ -326,6 +348,7 @@ class Reconciliation:
         self.phase = Phase.IDLE
         self.pending: CsrState | None = None   # X_E plus caught-up chunks (next version)
         self.buffer: list[Chunk] = []          # arrived since X_E, not yet sent to the secondary
+        self.previous: CsrState | None = None  # the old version and later chunks (hedges)
         self.counters = Counters()
         self.evicted = SeqRuns()               # seqs dropped by policy, in order
         self.queries: dict[QueryId, tuple[Version, str]] = {}
@@ -358,6 +381,16 @@ class Reconciliation:
         """Static tokens that can still arrive before a chunk forces a synchronous fallback."""
         limit = self.config.max_context_tokens - self.config.reserve_tokens
         return limit - self.active.n_static
+
+    @property
+    def hedge_state(self) -> CsrState | None:
+        """The state the idle secondary holds, consistent with the stream (the old version and
+        every chunk since), that a hedged query is built against; None where there is none."""
+        slot = self.slots.get(self.secondary) if self.secondary is not None else None
+        if self.previous is None or slot is None or slot.holds != self.previous.version \
+                or slot.failed or slot.suspect or slot.ops or self.phase is not Phase.IDLE:
+            return None
+        return self.previous
 
     @property
     def primary_reloading(self) -> bool:
@@ -520,6 +553,7 @@ class Reconciliation:
         """The chunk stream began again (its seqs restart at 0): a new version without any
         chunk of the old stream; the primary reloads the prefix."""
         self._abandon()
+        self.previous = None
         old = self.active
         new = old.evicted(len(old.chunks))
         new.next_seq = Seq(0)
@@ -545,6 +579,8 @@ class Reconciliation:
             return self._on_query_started(event)
         if isinstance(event, QueryFinished):
             return self._on_query_finished(event)
+        if isinstance(event, QueryStalled):
+            return self._on_query_stalled(event)
         if isinstance(event, OpFinished):
             return self._on_op_finished(event)
         if isinstance(event, TimerFired):
@@ -565,6 +601,12 @@ class Reconciliation:
             # log has the chunk before the version record and a restart folds it into it.
             cmds = [replace(c, next_seq=self.active.next_seq) if isinstance(c, VersionChanged)
                     else c for c in cmds]
+        if self.previous is not None:
+            if self.previous.n_static + chunk.n_tokens > \
+                    self.config.max_context_tokens - self.config.reserve_tokens:
+                self.previous = None           # too long for a query on the secondary
+            else:
+                self.previous.append(chunk)
         self.counters.chunks_in += 1
         self._arrival.add(chunk.n_tokens, ev.now_s)
         if self.pending is not None:
@@ -574,6 +616,8 @@ class Reconciliation:
         return cmds
 
     def _on_query_started(self, ev: QueryStarted) -> list[Command]:
+        if self.slots[self.primary].suspect and self.hedge_state is not None:
+            return self._hedge(ev.task, ev.suffix, ev.max_new_tokens)
         request = self.active.build_request(task=ev.task, suffix=ev.suffix)
         need = request.n_static + request.n_dynamic + ev.max_new_tokens
         if need > self.config.max_context_tokens:
@@ -591,6 +635,28 @@ class Reconciliation:
         self.counters.queries += 1
         return [Route(resource=slot.name, request=request, cold=self.config.mode == "unordered")]
 
+    def _on_query_stalled(self, ev: QueryStalled) -> list[Command]:
+        """The primary's query `ev.query_id` is late or failed: the primary is suspect, and the
+        query is asked on the secondary where it can be (else nothing: it waits)."""
+        known = self.queries.get(ev.query_id)
+        if known is None or known[1] != self.primary or self.config.mode != "asr":
+            return []
+        self.slots[self.primary].suspect = True
+        if self.hedge_state is None:
+            return []
+        return self._hedge(ev.task, ev.suffix, ev.max_new_tokens)
+
+    def _hedge(self, task: str, suffix: str, max_new_tokens: int) -> list[Command]:
+        state, slot = self.previous, self.slots[self.secondary]
+        request = state.build_request(task=task, suffix=suffix)
+        if request.n_static + request.n_dynamic + max_new_tokens > self.config.max_context_tokens:
+            return []
+        slot.inflight.add(request.query_id)
+        self.queries[request.query_id] = (request.version, slot.name)
+        self.counters.queries += 1
+        self.counters.hedged_queries += 1
+        return [Route(resource=slot.name, request=request, hedge=True)]
+
     def _on_query_finished(self, ev: QueryFinished) -> list[Command]:
         _, name = self.queries.pop(ev.query_id)
         slot = self.slots[name]
@@ -603,8 +669,10 @@ class Reconciliation:
             else:
                 slot.holds = None          # a straggler failed: its cache is unknown now
                 slot.failed = True
-        elif name == self.primary:
-            self._primary_failures = 0
+        else:
+            slot.suspect = False               # it answers again
+            if name == self.primary:
+                self._primary_failures = 0
         cmds += self._try_warm(ev.now_s)
         cmds += self._eager_extend()
         return cmds
@@ -623,6 +691,7 @@ class Reconciliation:
         if ev.op_id in self._eager_ops:
             name, version = self._eager_ops.pop(ev.op_id)
             if ev.ok:
+                self.slots[name].suspect = False       # it computes again
                 return []
             if name == self.primary:     # a reload queued behind it, if any, recovers it
                 return self._primary_failed(f"extending {name} (v{version}) failed", ev.now_s)
@@ -696,6 +765,7 @@ class Reconciliation:
         slot = self.slots[self.secondary]
         if slot.inflight:
             return []                      # stragglers of the old version are still running
+        self.previous = None               # the secondary is loaded with the next version
         slot.holds = self.pending.version
         self._warm_op = op_id = next(self._op_ids)
         slot.ops.add(op_id)
@@ -722,6 +792,7 @@ class Reconciliation:
 
     def _swap(self, now_s: float) -> list[Command]:
         new = self.pending
+        self.previous = self.active        # what the old primary holds, for hedged queries
         committed_ids = tuple(new.static_ids)
         new.mark_prefilled()               # i* of the next query is measured against this
         for chunk in self.buffer:          # the last <= n_catchup tokens: the next query prefills
@@ -778,6 +849,8 @@ class Reconciliation:
             self.counters.failovers += 1
             self.primary, self.secondary = self.secondary, self.primary
             self.slots[self.secondary].holds = None
+            self.slots[self.primary].suspect = False
+            self.previous = None
             return [Notice("warning", f"{why}; failing over to {self.primary}")] + \
                 self._activate(self._derive(0), "failover", reload=True)
         self.counters.retries += 1
