@@ -432,3 +432,51 @@ def test_the_reconciler_swaps_two_llamacpp_resources_with_no_chunk_lost(resource
     assert counters.chunks_in == n_chunks
     kept = {c.seq for c in rec.machine.active.chunks}
     assert kept and max(kept) == n_chunks - 1 and kept == set(range(min(kept), n_chunks))
+
+
+def _gguf_with_a_plain_end_token(source, target) -> str:
+    """A copy of `source` whose <|endoftext|> is typed NORMAL, not CONTROL: llama.cpp then says
+    `control-looking token: ... was not control-type` as it loads it (the notice the 1.5B Qwen's
+    '</s>' gives), and corrects the type itself."""
+    from gguf import GGUFReader
+
+    shutil.copyfile(source, target)
+    reader = GGUFReader(target, "r+")
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    types = reader.fields["tokenizer.ggml.token_type"]
+    texts = [bytes(tokens.parts[i]).decode() for i in tokens.data]
+    end = texts.index("<|endoftext|>")
+    types.parts[types.data[end]][0] = 1                     # NORMAL
+    reader.data.flush()
+    return f"{end:6d} '<|endoftext|>'"
+
+
+def test_llama_cpp_model_metadata_notices_are_info_once_per_model_never_errors(tmp_path,
+                                                                                caplog):
+    from csr_ros.engine.llamacpp import _Model
+    from csr_ros.model_store import resolve_gguf
+
+    first, second = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    token = _gguf_with_a_plain_end_token(resolve_gguf("smollm2"), first)
+    shutil.copyfile(first, second)
+    with caplog.at_level("DEBUG", logger="csr_ros.engine.llamacpp"):
+        for path in (first, first, second):       # the real llama.cpp load, its log callback
+            _Model(path)                            # freed again at once
+    notices = [r for r in caplog.records if "control-looking token" in r.getMessage()]
+    assert [(r.levelname, r.getMessage().split(": ")[0]) for r in notices] == [
+        ("INFO", f"llama.cpp, loading {p.name}") for p in (first, second)]
+    assert all(f"control-looking token: {token} was not control-type" in r.getMessage()
+               for r in notices)
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+
+
+def test_llama_cpp_errors_log_at_error_and_its_other_warnings_at_warning(caplog):
+    from csr_ros.engine.llamacpp import _route_log    # as llama.cpp's log callback calls it
+
+    with caplog.at_level("DEBUG", logger="csr_ros.engine.llamacpp"):
+        _route_log(4, b"llama_decode: failed to decode, ret = -3\n", None)
+        _route_log(3, b"llama_context: n_batch is less than GGML_KQ_MASK_PAD\n", None)
+        _route_log(2, b"print_info: file format = GGUF V3 (latest)\n", None)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("ERROR", "llama.cpp: llama_decode: failed to decode, ret = -3"),
+        ("WARNING", "llama.cpp: llama_context: n_batch is less than GGML_KQ_MASK_PAD")]

@@ -73,17 +73,37 @@ def _llama():
     with _backend_lock:
         if _log_callback is None:
             llama_cpp.llama_backend_init()
-            _log_callback = llama_cpp.llama_log_callback(_log_errors)
+            _log_callback = llama_cpp.llama_log_callback(_route_log)
             llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
     return llama_cpp
 
 
-def _log_errors(level: int, text: bytes, user_data) -> None:
+# ggml_log_level: DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (the previous line goes on)
+_GGML_WARN, _GGML_ERROR = 3, 4
+# Warnings about a model's own metadata that llama.cpp corrects as it loads: facts about the
+# GGUF, said once per model at info, not a fault of the run.
+_METADATA_NOTICES = ("control-looking token", "special_eos_id is not in special_eog_ids")
+_loading = threading.local()    # .path: the GGUF this thread is loading
+_notices_said: set[tuple[str, str]] = set()
+
+
+def _route_log(level: int, text: bytes, user_data) -> None:
+    """llama.cpp's log: errors at ERROR, warnings at WARNING, the model-metadata notices once
+    per model at INFO; the rest (its load report, debug output) is dropped."""
     message = text.decode("utf-8", "replace").rstrip()
-    # n_ctx_seq > n_ctx_train: the cell pool is larger than the training context on purpose
-    # (capsule slots); positions never pass max_context_tokens.
-    if level == 3 and "n_ctx_seq" not in message:    # GGML_LOG_LEVEL_ERROR
+    if level == _GGML_ERROR:
         log.error("llama.cpp: %s", message)
+    elif level != _GGML_WARN or "n_ctx_seq" in message:
+        # n_ctx_seq > n_ctx_train: the cell pool is larger than the training context on
+        # purpose (capsule slots); positions never pass max_context_tokens.
+        return
+    elif any(notice in message for notice in _METADATA_NOTICES):
+        model = str(getattr(_loading, "path", "") or "a model")
+        if (model, message) not in _notices_said:
+            _notices_said.add((model, message))
+            log.info("llama.cpp, loading %s: %s", Path(model).name, message)
+    else:
+        log.warning("llama.cpp: %s", message)
 
 
 class _Model:
@@ -93,7 +113,11 @@ class _Model:
         self.lib = _llama()
         params = self.lib.llama_model_default_params()
         params.n_gpu_layers = 0
-        self.ptr = self.lib.llama_model_load_from_file(str(path).encode(), params)
+        _loading.path = path
+        try:
+            self.ptr = self.lib.llama_model_load_from_file(str(path).encode(), params)
+        finally:
+            _loading.path = None
         if not self.ptr:
             raise ConfigError(f"llama.cpp cannot load {path}: not a GGUF it reads")
         self.path = path
