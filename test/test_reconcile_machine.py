@@ -246,8 +246,7 @@ class ReconcileMachineModel(RuleBasedStateMachine):
         if not sim.queue:
             assert list(held.static_ids[:len(sim.committed)]) == sim.committed, \
                 "a hedged query extends exactly what the secondary has committed"
-        assert [c.seq for c in held.chunks][-1:] == [c.seq for c in m.active.chunks][-1:], \
-            "the hedge state has every chunk the active one has"
+        assert held.next_seq == m.active.next_seq, "the hedge state has every chunk since"
         assert held.n_static + self.config.reserve_tokens <= self.config.max_context_tokens
 
     def _evicted_so_far(self) -> list[int]:
@@ -564,3 +563,18 @@ def test_nothing_is_hedged_while_the_secondary_warms_or_before_any_swap():
     assert machine.hedge_state is None and machine.previous is None
     assert machine.handle(QueryStalled(late.request.query_id, task="next?")) == []
     assert machine.slots["r2"].suspect, "suspect all the same: it is late"
+
+
+def test_a_query_late_through_a_swap_is_asked_again_on_the_new_primary():
+    machine = _past_a_swap()
+    commands = _fill(machine, "odometry x=1.00 y=2.00", lambda: machine.reconciling)  # r1 warms
+    (warm,) = [c for c in commands if isinstance(c, Load) and c.purpose == "warm"]
+    late = _route(machine.handle(QueryStarted(task="next?", max_new_tokens=4)))
+    assert late.resource == "r2"
+    assert machine.handle(QueryStalled(late.request.query_id, task="next?")) == [], \
+        "nowhere to ask while r1 warms"
+    machine.handle(OpFinished(warm.op_id, True, n_tokens=len(warm.ids), seconds=1.0))
+    assert machine.primary == "r1", "the warm-up swapped r1 in, r2's query still runs"
+    again = _route(machine.handle(QueryStalled(late.request.query_id, task="next?")))
+    assert again.resource == "r1" and again.request.version == machine.active.version
+    assert machine.slots["r2"].suspect and machine.counters.hedged_queries == 1

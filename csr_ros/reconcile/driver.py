@@ -67,6 +67,7 @@ HISTORY_EVENTS = 4096      # timeline events and reconciliation windows kept for
 HISTORY_SWAPS = 16         # swap records kept (each holds a whole committed run)
 MAX_HELD_CHUNKS = 100_000  # chunks held while the chunk log is full (days of a robot's stream)
 HELD_RETRY_S = 1.0         # how often held chunks are tried again when nothing else arrives
+HEDGE_RETRY_S = 0.5        # a late query with nowhere to be asked again looks again this often
 
 
 @dataclass(frozen=True)
@@ -347,6 +348,7 @@ class Reconciler:
                                              max_new_tokens=max_new_tokens, now_s=started_s))
             calls = {self._submit(route, started_s, ask): route}
         hedged = route.hedge or config.hedge_after_s is None
+        hedge_tries = 0
         deadline_s = None if config.query_timeout_s is None else \
             started_s + config.query_timeout_s
         errors: list[tuple[Route, str]] = []
@@ -354,7 +356,8 @@ class Reconciler:
         while outcome is None and calls:
             now_s = self.clock()
             waits = [t - now_s for t in (deadline_s, None if hedged else
-                                         started_s + config.hedge_after_s) if t is not None]
+                                         started_s + config.hedge_after_s +
+                                         hedge_tries * HEDGE_RETRY_S) if t is not None]
             done, _ = futures_wait(list(calls), timeout=max(0.0, min(waits)) if waits else None,
                                    return_when=FIRST_COMPLETED)
             for future in done:
@@ -392,9 +395,13 @@ class Reconciler:
                     errors.append((late, self._timed_out(future, late)))
                 calls = {}
                 break
-            if not hedged and now_s >= started_s + config.hedge_after_s:
-                hedged = True
-                calls.update(self._hedge(route, task, suffix, started_s, ask))
+            if not hedged and now_s >= started_s + config.hedge_after_s + hedge_tries * \
+                    HEDGE_RETRY_S:
+                # nowhere to ask yet (a warm-up runs): again a little later, as a swap may come
+                hedge_tries += 1
+                more = self._hedge(route, task, suffix, started_s, ask)
+                hedged = bool(more)
+                calls.update(more)
         answered.set()                            # what still runs stops at its next token
         for future, late in calls.items():
             future.add_done_callback(functools.partial(self._finished_later, late))

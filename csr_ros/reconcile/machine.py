@@ -636,13 +636,22 @@ class Reconciliation:
         return [Route(resource=slot.name, request=request, cold=self.config.mode == "unordered")]
 
     def _on_query_stalled(self, ev: QueryStalled) -> list[Command]:
-        """The primary's query `ev.query_id` is late or failed: the primary is suspect, and the
-        query is asked on the secondary where it can be (else nothing: it waits)."""
+        """Query `ev.query_id` is late or failed: its resource is suspect, and the query is
+        asked again where a consistent state is served: on the secondary's hedge state, or,
+        once a swap made another resource primary, on that primary (else nothing yet: the
+        caller may ask again)."""
         known = self.queries.get(ev.query_id)
-        if known is None or known[1] != self.primary or self.config.mode != "asr":
+        if known is None or self.config.mode != "asr":
             return []
-        self.slots[self.primary].suspect = True
-        if self.hedge_state is None:
+        slow = self.slots[known[1]]
+        slow.suspect = True
+        primary = self.slots[self.primary]
+        if slow.name != self.primary and not primary.suspect and not primary.failed \
+                and primary.holds == self.active.version and not self.primary_reloading:
+            self.counters.hedged_queries += 1
+            return self._on_query_started(QueryStarted(ev.task, ev.suffix, ev.max_new_tokens,
+                                                       now_s=ev.now_s))
+        if slow.name != self.primary or self.hedge_state is None:
             return []
         return self._hedge(ev.task, ev.suffix, ev.max_new_tokens)
 
@@ -678,7 +687,11 @@ class Reconciliation:
         return cmds
 
     def _on_op_finished(self, ev: OpFinished) -> list[Command]:
+        owner = None
         for slot in self.slots.values():
+            if ev.op_id in slot.ops:
+                owner = slot
+                slot.suspect = slot.suspect and not ev.ok     # it computes again
             slot.ops.discard(ev.op_id)
         # A retried warm-up's time says nothing of the prefill rate: a server may have computed
         # the abandoned attempt's prefill and answer the retry from its cache at once.
@@ -691,7 +704,6 @@ class Reconciliation:
         if ev.op_id in self._eager_ops:
             name, version = self._eager_ops.pop(ev.op_id)
             if ev.ok:
-                self.slots[name].suspect = False       # it computes again
                 return []
             if name == self.primary:     # a reload queued behind it, if any, recovers it
                 return self._primary_failed(f"extending {name} (v{version}) failed", ev.now_s)
@@ -705,6 +717,8 @@ class Reconciliation:
                 return self._maybe_start_cycle(ev.now_s) + self._try_warm(ev.now_s)
             return self._primary_failed(f"reloading {self.primary} failed", ev.now_s)
         if ev.op_id != self._warm_op:
+            if not ev.ok and owner is not None and owner.name != self.primary:
+                owner.holds, owner.failed = None, True   # what it holds is unknown now
             return self._try_warm(ev.now_s)    # stale: its reconciliation was abandoned
         self._warm_op = None
         slot = self.slots[self.secondary]
