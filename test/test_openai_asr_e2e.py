@@ -57,3 +57,46 @@ def test_two_eviction_cycles_over_two_servers_lose_no_chunk(llama_server_pair):
     assert [c.seq for c in active.chunks] == list(range(active.chunks[0].seq, active.next_seq))
     r1.close()
     r2.close()
+
+
+def test_a_stalled_primary_server_is_hedged_on_the_other_server_against_the_state_it_holds(
+        llama_server_pair):
+    import os
+    import signal
+
+    from support.waiting import wait_for
+
+    servers = dict(zip(("r1", "r2"), llama_server_pair))
+    r1, r2 = (OpenAIResource(OpenAIOptions(server.url, name=name, tau_mem_tokens=400))
+              for name, server in servers.items())
+    tokenizer = r1.tokenizer
+    state = CsrState(tokenizer, Layout.from_tokenizer(tokenizer), PROFILE, mode=r1.state_mode)
+    config = ReconcileConfig(tau_mem_tokens=400, max_context_tokens=2048, reserve_tokens=128,
+                             n_catchup_tokens=1000, query_timeout_s=120.0, hedge_after_s=1.0)
+    with Reconciler(state, [r1, r2], config) as rec:
+        rec.start(timeout_s=120)
+        i = 0
+        while rec.machine.counters.swaps < 1 and i < 400:
+            rec.add_chunk(observation(i), source="episode", stamp_ns=i)
+            i += 1
+            if rec.machine.reconciling:
+                assert rec.wait_idle(timeout_s=120)
+        assert rec.wait_idle(timeout_s=120) and rec.machine.counters.swaps == 1
+        stalled, other = rec.machine.primary, rec.machine.secondary
+        rec.add_chunk(observation(i), source="episode", stamp_ns=i)
+        os.kill(servers[stalled].pid, signal.SIGSTOP)          # the server stops answering
+        try:
+            hedged = rec.query(TASK, max_new_tokens=3)
+        finally:
+            os.kill(servers[stalled].pid, signal.SIGCONT)
+        assert hedged.ok and hedged.resource == other, hedged.error
+        assert hedged.request.version < rec.machine.active.version
+        assert hedged.request.static_text.endswith(rec.machine.active.chunks[-1].text), \
+            "the old version with every chunk since the swap"
+        wait_for(lambda: not rec.machine.slots[stalled].suspect, timeout_s=180,
+                 what="the stalled server's late answer")
+        assert rec.machine.counters.hedged_queries == 1
+        back = rec.query(TASK, max_new_tokens=3)
+        assert back.ok and back.resource == rec.machine.primary
+    r1.close()
+    r2.close()
