@@ -206,6 +206,10 @@ POLICY = TOPICS + LIFECYCLE + ROBOT + STATE + RESOURCE + [
     _p("action_ttl_s", 5.0, "each action on csr/actions is valid until its query's start plus "
        "this long (valid_until); a decision that took longer is not published there",
        positive=True, dynamic=True),
+    _p("hedge_after_s", 2.0, "a decision the primary server has not answered by then is asked "
+       "on the other server too, against the state it holds since the last swap, and the "
+       "primary is suspect (asked no more) until it answers; 0 = never", min_value=0.0,
+       dynamic=True),
     _p("topics.actions", "csr/actions", "Action stream: the typed action of each valid "
        "decision"),
     _p("services.decide", "csr/decide", "Decide action of the policy node (a decision with "

@@ -13,7 +13,7 @@ from csr_ros.ros_params import (AGGREGATOR, POLICY, RECONCILER, bounds, check_ch
                                 chunk_log_options, constraints_text, spec_of, validate)
 
 RUN_TIME = {"task", "rate_hz", "max_new_tokens", "temperature", "safe_action", "stale_after_s",
-            "action_ttl_s", "stale_instant_s", "fetch_timeout_s"}
+            "action_ttl_s", "hedge_after_s", "stale_instant_s", "fetch_timeout_s"}
 
 
 def policy_values(**given):

@@ -251,9 +251,14 @@ class StateFold:
     and `order.counters.lost` says how many). A swap replaces the state by the next version
     without the evicted chunks: the same fold the reconciler and the chunk log apply, so every
     node derives the same tokens.
+
+    With `keep_previous_tokens`, the state before the last swap goes on as `previous` (with
+    every later chunk, up to that many static tokens): what the old primary server caches, which
+    a query can be asked against there when the new primary does not answer (a hedge).
     """
 
-    def __init__(self, state: CsrState, *, max_held: int = 100_000, max_fetch_attempts: int = 3):
+    def __init__(self, state: CsrState, *, max_held: int = 100_000, max_fetch_attempts: int = 3,
+                 keep_previous_tokens: int = 0):
         if state.policy.oversize == "split":
             # one StateChunk must stay one Chunk with the same seq on every node
             msg = "the policy node's chunk policy must not split chunks (use oversize='truncate')"
@@ -261,6 +266,9 @@ class StateFold:
         self.state = state
         self.primary = ""
         self.primary_url = ""
+        self.previous: CsrState | None = None  # the version before the last swap, and later chunks
+        self.previous_primary = self.previous_url = ""
+        self._keep_previous_tokens = keep_previous_tokens
         self.counters = FoldCounters()
         self.streams = StreamTracker()         # '' until a chunk or a swap names one
         self.last_restart: StreamRestart | None = None
@@ -343,6 +351,13 @@ class StateFold:
 
     def _evict_to(self, event: SwapEvent) -> None:
         old = self.state
+        self.previous = None
+        if self._keep_previous_tokens and event.reason == "swap" and self.primary_url and \
+                event.primary_url != self.primary_url and \
+                event.evicted_before_seq <= int(old.next_seq) and \
+                old.n_static <= self._keep_previous_tokens:
+            self.previous, self.previous_primary, self.previous_url = \
+                old, self.primary, self.primary_url
         kept = [c for c in old.chunks if c.seq >= event.evicted_before_seq]
         next_seq = max(int(old.next_seq), event.evicted_before_seq)
         self.state = CsrState(tokenizer=old.tokenizer, layout=old.layout, profile=old.profile,
@@ -382,6 +397,7 @@ class StateFold:
 
     def _reset(self, *, version: int, next_seq: int) -> None:
         old = self.state
+        self.previous = None
         self.state = CsrState(tokenizer=old.tokenizer, layout=old.layout, profile=old.profile,
                               mode=old.mode, policy=old.policy, version=Version(version),
                               next_seq=Seq(next_seq), chunks=[])
@@ -406,10 +422,16 @@ class StateFold:
         for item in step.items:
             if isinstance(item, Lost):
                 self.state.next_seq = Seq(item.end_seq)
+                self.previous = None           # a gap: no longer a state any server holds
             else:
                 chunk, refused = make_chunk(self.state, item)
                 self.counters.rejected += refused
                 self.state.append(chunk)
+                if self.previous is not None:
+                    if self.previous.n_static + chunk.n_tokens > self._keep_previous_tokens:
+                        self.previous = None
+                    else:
+                        self.previous.append(chunk)
         assert self.order.next_seq == self.state.next_seq, "orderer and state disagree on seq"
         return step.fetch
 

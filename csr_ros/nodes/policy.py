@@ -4,7 +4,9 @@
     csr/instant ───────────▶ latest value per source → dynamic suffix
     timer at rate_hz ──────▶ QueryScheduler: a query starts only if none is running
                              (skipped ticks are counted) → query worker thread
-    query worker ──────────▶ the primary (its URL from the latest SwapEvent) → csr/decisions,
+    query worker ──────────▶ the primary (its URL from the latest SwapEvent); not answered by
+                             hedge_after_s, also the old primary (the state it holds since
+                             that swap), the first answer wins → csr/decisions,
                              and the typed action of each valid decision → csr/actions, valid
                              until its query's start plus action_ttl_s
     DecisionWatchdog ──────▶ the safe action (safe_action, e.g. wait()) once on csr/actions when
@@ -24,7 +26,7 @@ publishes the safe action; cleanup releases everything. Reactivated, it decides 
 state, and the server still caches its prefix: nothing is prefilled again.
 
 task, rate_hz, max_new_tokens, temperature, safe_action, stale_after_s, action_ttl_s,
-stale_instant_s and fetch_timeout_s change at run time (`ros2 param set`), from the next
+hedge_after_s, stale_instant_s and fetch_timeout_s change at run time (`ros2 param set`), from the next
 decision; the parameters that make the cached prefix (profile, vocabulary, model, mode, ...)
 are refused while the node is configured.
 
@@ -42,8 +44,9 @@ import json
 import queue
 import threading
 import time
-from concurrent.futures import CancelledError, Future, InvalidStateError
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeoutError
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -73,6 +76,9 @@ from csr_ros.ros_params import state_from_params, vocabulary_from_params
 from csr_ros.srv import Query
 
 
+SUSPECT_RETRY_S = 30.0      # a suspect server is asked again (hedged) after this long
+
+
 class PolicyNode(ManagedNode):
     def __init__(self, *, driver=None, **kwargs):
         super().__init__("policy", **kwargs)
@@ -97,6 +103,8 @@ class PolicyNode(ManagedNode):
         self.demands: dict[int, _Demand] = {}     # on-demand queries waiting, by scheduler key
         self.goals: dict[bytes, _Demand] = {}      # Decide goals not finished, by goal id
         self.http_resources: dict[str, tuple[int, object]] = {}   # url → (version, resource)
+        self.suspect_urls: dict[str, float] = {}   # url → since when a query there is late
+        self.hedged_queries = 0
         # Events are folded one at a time; services and client answers may run alongside.
         self.events_group = MutuallyExclusiveCallbackGroup()
         self.service_group = ReentrantCallbackGroup()
@@ -122,7 +130,9 @@ class PolicyNode(ManagedNode):
         self.started_s = time.monotonic()
         if self.driver is None:
             self.tokenizer, self.model_dir = load_tokenizer(p)
-            self.fold = StateFold(state_from_params(p, self.tokenizer))
+            self.fold = StateFold(state_from_params(p, self.tokenizer),
+                                  keep_previous_tokens=p["context_tokens"] - p["max_new_tokens"])
+            self.fold.primary, self.fold.primary_url = "r1", p["resource.r1_url"]
         self.vocab = vocabulary_from_params(p)          # None: free text only
         self.seen = SeenValues.from_params(p["actions.seen"])
         self.seen_upto_seq = -1
@@ -556,11 +566,18 @@ class PolicyNode(ManagedNode):
         if self.driver is not None:
             job = functools.partial(self._query_driver, suffix, answer)
         else:
-            request = self.fold.state.build_request(task=task, suffix=suffix)
             url = self.fold.primary_url or self.params["resource.r1_url"]
             name = self.fold.primary or "r1"
+            hedge = functools.partial(self._hedge_request, task, suffix)
+            straight = time.monotonic() - self.suspect_urls.get(url, -SUSPECT_RETRY_S) < \
+                SUSPECT_RETRY_S and hedge() or None
+            if straight is not None:              # a suspect primary is not waited for
+                request, url, name = straight
+            else:
+                request = self.fold.state.build_request(task=task, suffix=suffix)
             job = functools.partial(self._query_http, request, url, name, answer,
-                                    self.params["temperature"])
+                                    self.params["temperature"],
+                                    None if straight is not None else hedge)
         future = self.worker.submit(job)
         future.add_done_callback(self.guarded(self._query_done))
         return future
@@ -592,14 +609,83 @@ class PolicyNode(ManagedNode):
             return self.vocab, None
 
     def _query_http(self, request, url: str, name: str, answer: "_Answer",
-                    temperature: float) -> PolicyDecision:
-        """On the worker thread: answer on the primary server."""
-        resource = self._http_resource(url, name, int(request.version))
-        resource.temperature = temperature     # a run-time parameter: from this query on
-        result = resource.query(request, max_new_tokens=answer.max_new_tokens,
-                                constraint=answer.constraint, on_token=answer.on_token)
-        self.last_routing_key = resource.last_routing_key
-        return self._decision(request, result, result.ttft_s, answer)
+                    temperature: float, hedge) -> PolicyDecision:
+        """On the worker thread: answer on the primary server. Not answered by
+        hedge_after_s, the query is asked on the other server too (`hedge()`: the request
+        against the state it holds, its URL and name, or None), and the first answer wins;
+        the other stops at its next token."""
+        answered = threading.Event()
+        calls = {self._call_http(request, url, name, answer, temperature, answered):
+                 (request, url)}
+        hedge_after_s = self.params["hedge_after_s"] if hedge is not None else 0.0
+        error = None
+        while calls:
+            done, _ = futures_wait(list(calls), timeout=hedge_after_s or None,
+                                   return_when=FIRST_COMPLETED)
+            for future in done:
+                asked, _ = calls.pop(future)
+                try:
+                    resource, result = future.result()
+                except Exception as exc:  # noqa: BLE001 - the other call may still answer
+                    error = error or exc
+                    continue
+                answered.set()
+                self.last_routing_key = resource.last_routing_key
+                return self._decision(asked, result, result.ttft_s, answer)
+            if hedge_after_s:                  # late or failed: the other server too, once
+                hedge_after_s = 0.0
+                with self.lock:
+                    self.suspect_urls[url] = time.monotonic()
+                    other = hedge()
+                    self.hedged_queries += other is not None
+                if other is not None:
+                    self.get_logger().warning(
+                        f"query {request.query_id} on {url} " +
+                        ("failed" if error is not None else "not answered after "
+                         f"{self.params['hedge_after_s']:g} s") +
+                        f": asked {other[1]} too (v{other[0].version}, the state it holds); "
+                        f"{url} is suspect until it answers")
+                    calls[self._call_http(*other, answer, temperature, answered)] = other[:2]
+        raise error
+
+    def _call_http(self, request, url: str, name: str, answer: "_Answer", temperature: float,
+                   answered: threading.Event) -> Future:
+        """One server call on a thread of its own: (resource, result). A call that answers
+        (or stops at a token because the other answered) clears its server's suspicion."""
+        def on_token(n_tokens: int) -> None:
+            with self.lock:
+                self.suspect_urls.pop(url, None)
+            if answered.is_set():
+                raise QueryCancelledError("the other server answered first")
+            answer.on_token(n_tokens)
+
+        def call():
+            with self.lock:
+                resource = self._http_resource(url, name, int(request.version))
+            resource.temperature = temperature  # a run-time parameter: from this query on
+            result = resource.query(request, max_new_tokens=answer.max_new_tokens,
+                                    constraint=answer.constraint, on_token=on_token)
+            return resource, result
+
+        future: Future = Future()
+
+        def run_call():
+            try:
+                future.set_result(call())
+            except BaseException as exc:  # delivered to whoever waits on the future
+                future.set_exception(exc)
+
+        threading.Thread(target=run_call, name="csr-policy-call", daemon=True).start()
+        return future
+
+    def _hedge_request(self, task: str, suffix: str):
+        """Under the lock: (request, url, name) against the state the old primary holds since
+        the last swap, or None (no swap yet, the history ran past its context, a gap)."""
+        fold = self.fold
+        if fold is None or fold.previous is None or fold.previous_url in self.suspect_urls:
+            return None
+        request = fold.previous.build_request(task=task, suffix=suffix)
+        return request, fold.previous_url, fold.previous_primary
 
     def _query_driver(self, suffix: str, answer: "_Answer") -> PolicyDecision:
         outcome = self.driver.query(answer.task, suffix=suffix,
@@ -769,6 +855,8 @@ class PolicyNode(ManagedNode):
             level, message = WARN, watch.message
         values = list(d.values) + list(watch.values)
         values.append(("expired_actions", str(self.expired_actions)))
+        values.append(("hedged_queries", str(self.hedged_queries)))
+        values.append(("suspect_servers", ", ".join(sorted(self.suspect_urls)) or "none"))
         if self.last_routing_key is not None:
             values.append(("routing_key", self.last_routing_key))
         return level, message, values

@@ -101,3 +101,46 @@ def test_a_stalled_server_leads_to_the_safe_action_naming_the_query_that_does_no
     n_valid = len(actions(probe, safe=False))
     wait_for(lambda: len(actions(probe, safe=False)) > n_valid, 300.0,
              "a valid action once the server goes on")
+
+
+def test_a_stalled_primary_server_is_hedged_on_the_old_primary_and_decisions_go_on(
+        graph, probe, llama_server_pair):
+    from csr_ros.msg import SwapEvent
+    from csr_ros.nodes.common import SWAPS_QOS
+
+    old, new = llama_server_pair
+    swaps = probe.create_publisher(SwapEvent, "csr/swaps", SWAPS_QOS)
+    graph.add(AggregatorNode(parameter_overrides=SPEECH))
+    policy = graph.add(PolicyNode(parameter_overrides=[
+        Parameter(k, value=v) for k, v in {
+            "resource.r1_url": old.url, "resource.r2_url": new.url, "resource.timeout_s": 120.0,
+            "rate_hz": RATE_HZ, "max_new_tokens": 16, "safe_action": "wait()",
+            "stale_after_s": 600.0, "action_ttl_s": 600.0, "hedge_after_s": 1.0}.items()]))
+    say(probe, graph, ["operator: patrol the hallway", "operator: then the kitchen"])
+    wait_for(lambda: [d for d in probe.received["decisions"] if d.resource == "r1"], 180.0,
+             "decisions from r1")
+    wait_for(lambda: probe.count_subscribers("csr/swaps") > 0, what="the policy on csr/swaps")
+    n_chunks = policy.fold.next_seq
+    swaps.publish(SwapEvent(version=1, reason="swap", primary="r2", primary_url=new.url,
+                            evicted_before_seq=1, caught_up_to_seq=n_chunks))
+    wait_for(lambda: [d for d in probe.received["decisions"] if d.resource == "r2"], 180.0,
+             "decisions from the new primary r2")
+    say(probe, graph, ["operator: the door is open"])   # a chunk after the swap
+    wait_for(lambda: policy.fold.next_seq > n_chunks, what="the chunk after the swap")
+    os.kill(new.pid, signal.SIGSTOP)                     # r2 stops answering
+    try:
+        n = len(probe.received["decisions"])
+        hedged = wait_for(lambda: [d for d in probe.received["decisions"][n:]
+                                   if d.resource == "r1"], 180.0,
+                          "a decision from r1 while r2 is stopped")[0]
+        assert hedged.version == 0, "against the old version r1 holds"
+        assert hedged.last_seq >= n_chunks, "with the chunks that came after the swap"
+        assert policy.hedged_queries >= 1 and new.url in policy.suspect_urls
+    finally:
+        os.kill(new.pid, signal.SIGCONT)
+    wait_for(lambda: new.url not in policy.suspect_urls, 180.0,
+             "r2's late answer, which clears the suspicion")
+    n = len(probe.received["decisions"])
+    wait_for(lambda: [d for d in probe.received["decisions"][n:] if d.resource == "r2"], 180.0,
+             "decisions from r2 again")
+    assert not actions(probe, safe=True), "no decision was ever late enough for the safe action"
