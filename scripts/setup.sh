@@ -4,8 +4,9 @@
 # model, (with --server) llama.cpp's OpenAI-compatible server for the HTTP tests, (with --ros)
 # ROS 2 Jazzy from PyPI wheels plus this package's interfaces built into build/interfaces,
 # (with --vllm) vLLM in .venv-vllm (the CPU build without a GPU), and (with --robot) the robot
-# side as a robot installs it, without torch, in .venv-robot (scripts/setup_robot.sh). Safe to
-# run again: finished steps are skipped.
+# side as a robot installs it, without torch, in .venv-robot (scripts/setup_robot.sh), and (with
+# --aarch64, as root) the robot side in an arm64 root file system run under qemu
+# (scripts/setup_aarch64.sh). Safe to run again: finished steps are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,7 @@ with_ros=0
 with_qwen=0
 with_vllm=0
 with_robot=0
+with_aarch64=0
 for arg in "$@"; do
   case "$arg" in
     --server) with_server=1 ;;
@@ -21,7 +23,8 @@ for arg in "$@"; do
     --qwen) with_qwen=1 ;;
     --vllm) with_vllm=1 ;;
     --robot) with_robot=1 ;;
-    *) echo "usage: scripts/setup.sh [--server] [--ros] [--vllm] [--qwen] [--robot]" >&2
+    --aarch64) with_aarch64=1 ;;
+    *) echo "usage: scripts/setup.sh [--server] [--ros] [--vllm] [--qwen] [--robot] [--aarch64]" >&2
        exit 2 ;;
   esac
 done
@@ -129,6 +132,10 @@ fi
 
 if [[ $with_robot == 1 ]]; then
   PYTHON=$PYTHON bash scripts/setup_robot.sh
+fi
+
+if [[ $with_aarch64 == 1 ]]; then
+  bash scripts/setup_aarch64.sh     # about 6 minutes the first time, a second when unchanged
 fi
 
 step "converting the default model once into the cache (about 35 s the first time)"

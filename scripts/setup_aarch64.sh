@@ -106,11 +106,12 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$sources" ]]; then
   rm -rf "$root/tmp/csr_ros-src"
   mkdir -p "$root/tmp/csr_ros-src"
   cp -r setup.py setup.cfg README.md csr_ros "$root/tmp/csr_ros-src/"
-  # this machine's CA bundle: where a proxy re-signs HTTPS, the root's own bundle fails
+  # pip there trusts this machine's CA bundle: where a proxy re-signs HTTPS, the root's fails
   cp "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" "$root/etc/ssl/host-ca-certificates.crt"
-  pip=(pip install --quiet --disable-pip-version-check --use-pep517 --cert /etc/ssl/host-ca-certificates.crt)
+  printf '[global]\ncert = /etc/ssl/host-ca-certificates.crt\n' > "$root/etc/pip.conf"
+  pip=(pip install --quiet --disable-pip-version-check --use-pep517)
+  run pip uninstall --quiet --yes csr_ros 2>/dev/null || true   # same version, new sources
   run "${pip[@]}" /tmp/csr_ros-src pytest==9.2.0
-  run "${pip[@]}" --force-reinstall --no-deps /tmp/csr_ros-src
   rm -rf "$root/tmp/csr_ros-src"
   if run python -c 'import torch' 2>/dev/null; then
     echo "torch is importable in the arm64 $venv: something the robot side installs pulled it in" >&2

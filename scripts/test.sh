@@ -10,9 +10,11 @@
 # CSR_ROS_REQUIRE_QWEN=1 fails the Qwen2 engine tests when setup.sh --qwen has not prepared
 # their model (test/test_engine_qwen2.py). setup.sh --robot builds .venv-robot, the robot side
 # without torch, from which test/ros/test_robot_install_ros.py starts the nodes (it fails where
-# ROS is required and the venv is missing).
+# ROS is required and the venv is missing). setup.sh --aarch64 builds an arm64 root file system
+# (scripts/setup_aarch64.sh, needs root) in which test/test_aarch64_robot_side.py runs the robot
+# side under qemu; CSR_ROS_REQUIRE_AARCH64=1 fails those tests where they would skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --server --ros --vllm --qwen --robot
-export CSR_ROS_REQUIRE_ROS=1 CSR_ROS_REQUIRE_VLLM=1 CSR_ROS_REQUIRE_QWEN=1
+bash scripts/setup.sh --server --ros --vllm --qwen --robot --aarch64
+export CSR_ROS_REQUIRE_ROS=1 CSR_ROS_REQUIRE_VLLM=1 CSR_ROS_REQUIRE_QWEN=1 CSR_ROS_REQUIRE_AARCH64=1
 exec .venv/bin/python -m pytest -ra --durations=15 "$@"
