@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "gateway": ("gateway", "an OpenAI-compatible HTTP front door over the reconciler"),
     "fleet": ("fleet", "K robots on P servers behind vLLM's router, per routing policy"),
     "chunklog": ("chunklog", "the chunk log: restart benchmark (bench), what a log holds (info)"),
+    "robot-cost": ("robot_cost", "CPU seconds of the robot side per chunk and per decision"),
     "soak": ("soak", "compressed robot-days with injected faults: nothing lost, all recovered"),
 }
 
