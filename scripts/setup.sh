@@ -135,7 +135,7 @@ if [[ $with_robot == 1 ]]; then
 fi
 
 if [[ $with_aarch64 == 1 ]]; then
-  bash scripts/setup_aarch64.sh     # about 6 minutes the first time, a second when unchanged
+  bash scripts/setup_aarch64.sh     # about 5 minutes the first time, a second when unchanged
 fi
 
 step "converting the default model once into the cache (about 35 s the first time)"
