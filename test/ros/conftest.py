@@ -1,6 +1,7 @@
 """What only the ROS tests need: every module here imports rclpy and the csr_ros interfaces, so
 each is skipped with the reason where they do not import (before the module is imported); the
-graph the in-process nodes spin in, and the two probes that record what they publish.
+graph the in-process nodes spin in, the two probes that record what they publish, and the
+console that reads what they log.
 
 Where ROS is required (CI, or CSR_ROS_REQUIRE_ROS=1) a missing rclpy has stopped the session
 already (test/conftest.py), so nothing here is skipped silently there.
@@ -8,9 +9,15 @@ already (test/conftest.py), so nothing here is skipped silently there.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from support.ros_check import ros_missing
+
+# rcutils' default line format, without colour: what support.ros_nodes.Console reads
+os.environ["RCUTILS_CONSOLE_OUTPUT_FORMAT"] = "[{severity}] [{time}] [{name}]: {message}"
+os.environ["RCUTILS_COLORIZED_OUTPUT"] = "0"
 
 
 class ModuleWithoutRos(pytest.Module):
@@ -40,19 +47,17 @@ def graph():
 
 @pytest.fixture
 def probe(graph):
-    """Records what the nodes publish: chunks, decisions, actions, /diagnostics, /rosout.
+    """Records what the nodes publish: chunks, decisions, actions, /diagnostics.
 
     A module whose tests read another recorder defines its own `probe`, which wins there."""
     from diagnostic_msgs.msg import DiagnosticArray
-    from rcl_interfaces.msg import Log
     from std_msgs.msg import String
 
     from csr_ros.msg import Action, PolicyDecision, StateChunk
-    from csr_ros.nodes.common import (ACTIONS_QOS, CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS,
-                                      ROSOUT_QOS)
+    from csr_ros.nodes.common import ACTIONS_QOS, CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS
 
     node = graph.node("csr_ros_lifecycle_probe")
-    node.received = {"chunks": [], "decisions": [], "actions": [], "logs": []}
+    node.received = {"chunks": [], "decisions": [], "actions": []}
     node.statuses: dict[str, list] = {}
     node.speech_pub = node.create_publisher(String, "/test/speech", 100)
     node.chunks_sub = node.create_subscription(StateChunk, "csr/chunks",
@@ -60,7 +65,6 @@ def probe(graph):
     node.create_subscription(PolicyDecision, "csr/decisions", node.received["decisions"].append,
                              DECISIONS_QOS)
     node.create_subscription(Action, "csr/actions", node.received["actions"].append, ACTIONS_QOS)
-    node.create_subscription(Log, "/rosout", node.received["logs"].append, ROSOUT_QOS)
 
     def diagnostics(msg):
         for status in msg.status:
@@ -70,21 +74,32 @@ def probe(graph):
 
 
 @pytest.fixture
-def rosout_probe(graph):
-    """Records chunks, /rosout and /diagnostics as flat lists (`.chunks`, `.logs`,
-    `.diagnostics`), for tests that read what a node said (support.ros_nodes.logged). A module
-    of such tests takes it as its `probe`."""
+def flat_probe(graph):
+    """Records chunks and /diagnostics as flat lists (`.chunks`, `.diagnostics`). A module of
+    tests that read these takes it as its `probe`."""
     from diagnostic_msgs.msg import DiagnosticArray
-    from rcl_interfaces.msg import Log
     from rclpy.node import Node
 
     from csr_ros.msg import StateChunk
-    from csr_ros.nodes.common import CHUNKS_QOS, DIAGNOSTICS_QOS, ROSOUT_QOS
+    from csr_ros.nodes.common import CHUNKS_QOS, DIAGNOSTICS_QOS
 
-    node = graph.add(Node("csr_ros_rosout_probe"))
-    node.chunks, node.logs, node.diagnostics = [], [], []
+    node = graph.add(Node("csr_ros_flat_probe"))
+    node.chunks, node.diagnostics = [], []
     node.create_subscription(StateChunk, "csr/chunks", node.chunks.append, CHUNKS_QOS)
-    node.create_subscription(Log, "/rosout", node.logs.append, ROSOUT_QOS)
     node.create_subscription(DiagnosticArray, "/diagnostics",
                              lambda m: node.diagnostics.extend(m.status), DIAGNOSTICS_QOS)
     return node
+
+
+@pytest.fixture
+def console(capfd):
+    """The lines the nodes of this process log, from its stderr (support.ros_nodes.Console,
+    read with support.ros_nodes.logged); what it read goes back to the test's report."""
+    import sys
+
+    from support.ros_nodes import Console
+
+    reader = Console(capfd)
+    yield reader
+    reader.lines()
+    sys.stderr.write(reader.text)

@@ -28,10 +28,9 @@ pytestmark = pytest.mark.ros
 
 
 @pytest.fixture
-def probe(rosout_probe):
-    """The conftest's rosout_probe: these tests read chunks, /rosout and /diagnostics as flat
-    lists."""
-    return rosout_probe
+def probe(flat_probe):
+    """The conftest's flat_probe: these tests read chunks and /diagnostics as flat lists."""
+    return flat_probe
 
 
 # -- the first message of a new publisher, and a burst --------------------------------------------
@@ -122,7 +121,7 @@ def test_a_burst_of_text_messages_on_a_source_without_event_flag_is_kept_whole(g
 
 # -- time going backwards -------------------------------------------------------------------------
 
-def test_chunks_continue_after_the_clock_goes_back(graph, probe):
+def test_chunks_continue_after_the_clock_goes_back(graph, probe, console):
     clock = probe.create_publisher(Clock, "/clock", 10)
     pub = probe.create_publisher(String, "/defects/speech", 10)
 
@@ -144,8 +143,8 @@ def test_chunks_continue_after_the_clock_goes_back(graph, probe):
     pub.publish(String(data="at 3 s"))
     wait_for(lambda: len(probe.chunks) == 2, timeout_s=10.0, what="a chunk after the jump")
     assert body(probe.chunks[1].text) == "speech: at 3 s"
-    wait_for(lambda: logged(probe, "aggregator", "the clock went back", "was reset"),
-             what="its log line on /rosout")
+    wait_for(lambda: logged(console, "aggregator", "the clock went back", "was reset"),
+             what="its log line")
     wait_for(lambda: [s for s in probe.diagnostics if s.name == "csr_ros: aggregator" and
                       ("time_jumps", "1") in [(v.key, v.value) for v in s.values]],
              what="the jump on /diagnostics")
@@ -169,12 +168,12 @@ PUBLISH_INT32 = textwrap.dedent("""
 """)
 
 
-def test_a_publisher_of_another_type_is_named_with_both_types(graph, probe):
+def test_a_publisher_of_another_type_is_named_with_both_types(graph, probe, console):
     graph.add(AggregatorNode(parameter_overrides=speech_sources(extra=[
         Parameter("qos_recheck_s", Parameter.Type.DOUBLE, 0.5)])))
     # another process: one participant cannot hold a topic under two types
     wrong = subprocess.Popen([sys.executable, "-c", PUBLISH_INT32, "/defects/speech"])
-    found = wait_for(lambda: logged(probe, "aggregator", "std_msgs/msg/Int32",
+    found = wait_for(lambda: logged(console, "aggregator", "std_msgs/msg/Int32",
                                     "std_msgs/msg/String"), what="a warning with both types")
     assert len(found) == 1 and "/defects/speech" in found[0].msg
     status = wait_for(lambda: [s for s in probe.diagnostics if s.name == "csr_ros: aggregator"

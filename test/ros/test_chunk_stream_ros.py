@@ -26,16 +26,15 @@ pytestmark = pytest.mark.ros
 
 
 @pytest.fixture
-def probe(rosout_probe):
-    """The conftest's rosout_probe: these tests read chunks, /rosout and /diagnostics as flat
-    lists."""
-    return rosout_probe
+def probe(flat_probe):
+    """The conftest's flat_probe: these tests read chunks and /diagnostics as flat lists."""
+    return flat_probe
 
 
 # -- an aggregator restarted without its chunk log, and with it -----------------------------------
 
-def test_an_aggregator_restarted_without_chunk_log_starts_a_new_version_in_the_policy(graph,
-                                                                                      probe):
+def test_an_aggregator_restarted_without_chunk_log_starts_a_new_version_in_the_policy(
+        graph, probe, console):
     pub = probe.create_publisher(String, "/defects/speech", 10)
     first = graph.add(AggregatorNode(parameter_overrides=speech_sources()))
     policy = graph.add(PolicyNode(parameter_overrides=policy_params()))
@@ -52,15 +51,15 @@ def test_an_aggregator_restarted_without_chunk_log_starts_a_new_version_in_the_p
     wait_for(lambda: [body(c.text) for c in policy.fold.state.chunks] ==
              ["speech: new 0", "speech: new 1"], what="the new stream")
     assert policy.fold.stream != old_stream and policy.fold.version == 1
-    wait_for(lambda: logged(probe, "policy", "restarted without its chunk log", "4 chunks"),
-             what="its log line on /rosout")
+    wait_for(lambda: logged(console, "policy", "restarted without its chunk log", "4 chunks"),
+             what="its log line")
     status = wait_for(lambda: [s for s in probe.diagnostics if s.name == "csr_ros: policy"
                                and "restarted without its chunk log" in s.message],
                       what="a diagnostics entry")
     assert status[-1].level == DiagnosticStatus.WARN
 
 
-def test_a_reconciler_that_has_not_started_folds_the_new_stream_too(graph, probe):
+def test_a_reconciler_that_has_not_started_folds_the_new_stream_too(graph, probe, console):
     pub = probe.create_publisher(String, "/defects/speech", 10)
     first = graph.add(AggregatorNode(parameter_overrides=speech_sources()))
     reconciler = graph.add(ReconcilerNode(parameter_overrides=policy_params()[1:]))
@@ -75,9 +74,9 @@ def test_a_reconciler_that_has_not_started_folds_the_new_stream_too(graph, probe
     wait_for(lambda: [body(c.text) for c in reconciler.state.chunks] == ["speech: new 0"],
              what="the new stream in the reconciler")
     assert reconciler.stream_restarts == 1
-    wait_for(lambda: logged(probe, "reconciler", "began a new chunk stream",
+    wait_for(lambda: logged(console, "reconciler", "began a new chunk stream",
                             "without the 3 chunks"),
-             what="its log line on /rosout")
+             what="its log line")
 
 
 def test_an_aggregator_restarted_with_its_chunk_log_continues_its_stream(graph, probe, tmp_path):

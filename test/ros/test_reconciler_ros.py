@@ -1,7 +1,7 @@
 """The reconciler node on a real graph (rclpy, Fast DDS, in this process): started after a
 history of about three contexts, it evicts with its own policy before it loads and reports its
-capacity on /diagnostics; the library's warnings (its chunk log's) reach /rosout under its
-name. The pure machine: test/test_reconcile_capacity.py."""
+capacity on /diagnostics; the library's warnings (its chunk log's) are logged by the node under
+its name, as /rosout carries them. The pure machine: test/test_reconcile_capacity.py."""
 
 from __future__ import annotations
 
@@ -25,17 +25,16 @@ pytestmark = pytest.mark.ros
 
 
 @pytest.fixture
-def probe(rosout_probe):
-    """The conftest's rosout_probe: these tests read chunks, /rosout and /diagnostics as flat
-    lists."""
-    return rosout_probe
+def probe(flat_probe):
+    """The conftest's flat_probe: these tests read chunks and /diagnostics as flat lists."""
+    return flat_probe
 
 
 # -- joining after a long history; capacity on /diagnostics ---------------------------------------
 
 @pytest.mark.slow
-def test_a_reconciler_joining_after_a_long_history_evicts_at_once_and_reports_capacity(graph,
-                                                                                       probe):
+def test_a_reconciler_joining_after_a_long_history_evicts_at_once_and_reports_capacity(
+        graph, probe, console):
     """History of about three contexts before the reconciler starts: it derives the evicted
     state with its own policy and loads that, instead of failing over every few seconds."""
     pub = probe.create_publisher(String, "/defects/speech", 10)
@@ -59,8 +58,8 @@ def test_a_reconciler_joining_after_a_long_history_evicts_at_once_and_reports_ca
                      what="the start event")[0]
     assert start.version == 1 and 0 < start.evicted_before_seq < 150
     assert start.caught_up_to_seq == 150 and start.static_tokens < 600
-    wait_for(lambda: logged(probe, "reconciler", "joined with", "evicted in", level=Log.INFO),
-             what="its log line on /rosout")
+    wait_for(lambda: logged(console, "reconciler", "joined with", "evicted in", level=Log.INFO),
+             what="its log line")
     outcome = reconciler.query("Where is the robot?", max_new_tokens=2)
     assert outcome.ok and outcome.request.n_static < 600
     for i in range(12):                   # arrivals after the start, over more than the
@@ -79,11 +78,12 @@ def test_a_reconciler_joining_after_a_long_history_evicts_at_once_and_reports_ca
 
 # -- warnings through the node's logger -----------------------------------------------------------
 
-def test_library_warnings_reach_rosout_with_the_node_name(graph, probe, tmp_path):
+def test_library_warnings_are_logged_by_the_node_with_its_name_and_level(graph, console,
+                                                                            tmp_path):
     torn = tmp_path / "torn.log"
     torn.write_bytes(b"CSRLOG1\n\x10\x00\x00")          # a record header cut by a crash
     graph.add(ReconcilerNode(parameter_overrides=policy_params()[1:] + [
         Parameter("chunk_log", Parameter.Type.STRING, str(torn))]))
-    found = wait_for(lambda: logged(probe, "reconciler", "a crash while appending"),
-                     what="the chunk log's warning on /rosout")
+    found = wait_for(lambda: logged(console, "reconciler", "a crash while appending"),
+                     what="the chunk log's warning")
     assert found[0].level == Log.WARN

@@ -12,12 +12,13 @@ import signal
 import pytest
 
 from diagnostic_msgs.msg import DiagnosticStatus
+from rcl_interfaces.msg import Log
 from rclpy.parameter import Parameter
 
 from csr_ros.nodes.aggregator import AggregatorNode
 from csr_ros.nodes.policy import PolicyNode
 
-from support.ros_nodes import SPEECH, say, status_of
+from support.ros_nodes import SPEECH, logged, say, status_of
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
@@ -50,7 +51,7 @@ def check_first_tick_past_stale_after_s(cause: str) -> None:
 
 
 def test_a_killed_server_leads_to_the_safe_action_and_a_restarted_one_back_to_decisions(
-        graph, probe, fresh_llama_server):
+        graph, probe, console, fresh_llama_server):
     graph.add(AggregatorNode(parameter_overrides=SPEECH))
     policy = watched_policy(graph, fresh_llama_server.url)
     say(probe, graph, ["operator: patrol the hallway"])
@@ -80,7 +81,7 @@ def test_a_killed_server_leads_to_the_safe_action_and_a_restarted_one_back_to_de
              "holds since" not in status_of(probe, "policy").message, 30.0,
              "the watchdog's status to clear")
     assert policy.watchdog.status(0.0).message == ""
-    wait_for(lambda: [m for m in probe.received["logs"] if "valid decisions again" in m.msg],
+    wait_for(lambda: logged(console, "policy", "valid decisions again", level=Log.INFO),
              what="the policy to say valid decisions are back")
 
 

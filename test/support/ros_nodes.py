@@ -1,16 +1,19 @@
 """What the node tests give the csr_ros nodes and read back from them: a speech and a goal
 source for the aggregator, policy parameters for a server at a URL or for none, speaking once
-the aggregator listens reliably, a probe's newest /diagnostics status of a node or the /rosout
-lines it recorded, and a node started with `python -m` whose stderr the test reads. Imported
-only by tests that have rclpy (test/ros/)."""
+the aggregator listens reliably, a probe's newest /diagnostics status of a node, the lines the
+nodes of this process logged (read from its own stderr, not over /rosout), and a node started
+with `python -m` whose stderr the test reads. Imported only by tests that have rclpy
+(test/ros/)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rcl_interfaces.msg import Log
@@ -60,8 +63,9 @@ def status_of(probe, name: str, *, level=None, says: str = ""):
     return None
 
 
-# -- one speech source, a policy without servers, and what the nodes said on /rosout ----------
-# (the tests that read the conftest's rosout_probe: chunks, /rosout, /diagnostics as flat lists)
+# -- one speech source, a policy without servers, and what the nodes of this process logged ------
+# (the tests that read the conftest's flat_probe, chunks and /diagnostics as flat lists, and its
+# console: the nodes' log lines)
 
 def speech_sources(topic: str = "/defects/speech", period_s: float = 0.0,
                    extra: list | None = None, event: bool = False) -> list[Parameter]:
@@ -80,9 +84,42 @@ def policy_params(**extra) -> list[Parameter]:
     return params + [Parameter(k, Parameter.Type.STRING, v) for k, v in extra.items()]
 
 
-def logged(probe, node_name: str, *needles: str, level: int = Log.WARN):
-    """The /rosout lines of `node_name` at `level` or above that contain every needle."""
-    return [m for m in probe.logs if m.name == node_name and m.level >= level
+@dataclass(frozen=True)
+class LogLine:
+    level: int           # rcl_interfaces/msg/Log's: Log.INFO, Log.WARN, ...
+    name: str            # the logger's: the node's name ("policy", "robot1.policy")
+    msg: str
+
+
+class Console:
+    """What the nodes of this process logged, as rcutils writes each line to the process's
+    stderr ("[WARN] [1700000000.1] [policy]: text") before /rosout carries it.
+
+    /rosout is not what a node guarantees: rcl keeps one rosout publisher per logger name in a
+    process, and destroying a node of that name (an earlier test's) unregisters it for all, so
+    a live node's later lines may never reach /rosout; and /rosout carries the lines of every
+    node of that name in the domain. Its stderr has each line at once, whatever ran before."""
+
+    HEAD = re.compile(r"^\[(DEBUG|INFO|WARN|ERROR|FATAL)\] \[[0-9.]+\] \[([^\]]+)\]: ", re.M)
+    LEVELS = {"DEBUG": Log.DEBUG, "INFO": Log.INFO, "WARN": Log.WARN, "ERROR": Log.ERROR,
+              "FATAL": Log.FATAL}
+
+    def __init__(self, capfd):
+        self.capfd = capfd
+        self.text = ""             # all read so far, given back to pytest's report at the end
+
+    def lines(self) -> list[LogLine]:
+        out, err = self.capfd.readouterr()
+        self.text += out + err
+        heads = list(self.HEAD.finditer(self.text))
+        ends = [h.start() for h in heads[1:]] + [len(self.text)]
+        return [LogLine(self.LEVELS[h.group(1)], h.group(2), self.text[h.end():end].rstrip("\n"))
+                for h, end in zip(heads, ends)]
+
+
+def logged(console: Console, node_name: str, *needles: str, level: int = Log.WARN):
+    """The lines `node_name` logged at `level` or above that contain every needle."""
+    return [m for m in console.lines() if m.name == node_name and m.level >= level
             and all(n in m.msg for n in needles)]
 
 
