@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "fleet": ("fleet", "K robots on P servers behind vLLM's router, per routing policy"),
     "chunklog": ("chunklog", "the chunk log: restart benchmark (bench), what a log holds (info)"),
     "robot-cost": ("robot_cost", "CPU seconds of the robot side per chunk and per decision"),
+    "engine": ("engine", "the local engine's backend on this machine: calibrate, show"),
     "soak": ("soak", "compressed robot-days with injected faults: nothing lost, all recovered"),
 }
 

@@ -11,6 +11,7 @@ Pure: no torch, so the server recipes read it too.
 from __future__ import annotations
 
 import os
+import platform
 from functools import lru_cache
 from pathlib import Path
 
@@ -21,16 +22,36 @@ BF16_OVERRIDE_ENV = "CSR_ROS_CPU_BF16"
 
 
 @lru_cache(maxsize=1)
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def _cpuinfo_field(*names: str) -> str | None:
+    for line in _cpuinfo().splitlines():
+        if line.split(":", 1)[0].strip() in names:
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+@lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
     """The CPU feature flags the kernel reports (empty where /proc/cpuinfo is not available)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+    return frozenset((_cpuinfo_field("flags", "Features") or "").split())
+
+
+def cpu_model() -> str:
+    """The CPU as the kernel names it: x86 `model name` with its family and model numbers
+    (a virtual machine may say only "AMD EPYC"); ARM `Model`, or its implementer and part."""
+    name = _cpuinfo_field("model name", "Model")
+    family, model = _cpuinfo_field("cpu family"), _cpuinfo_field("model")
+    if name is not None and family is not None:
+        name += f" (family {family}, model {model})"
+    if name is None and _cpuinfo_field("CPU part") is not None:
+        name = f"{_cpuinfo_field('CPU implementer')}/{_cpuinfo_field('CPU part')}"
+    return name or platform.processor() or platform.machine()
 
 
 def bf16_flags(flags: frozenset[str] | set[str] | None = None) -> bool:

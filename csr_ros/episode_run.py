@@ -141,6 +141,7 @@ class LocalFigures:
     keep_up_warnings: int
     held_s: float
     keep_up_last_warning: str | None
+    engine_choice: dict | None = None       # how the primary's engine was chosen (calibration)
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,10 @@ def format_report(s: RunSummary) -> str:
                                f"  (token mask {s.mask_s_per_token * 1000:.2f} ms/token)"),
         _spread("all", s.ttft), _spread("inside", s.ttft_inside),
         _spread("outside", s.ttft_outside)]
+    if local is not None and local.engine_choice is not None:
+        from csr_ros.engine.calibration import describe
+
+        lines.insert(1, f"  engine {describe(local.engine_choice)}")
     if local is not None and local.headroom_min_s is not None:
         end = "-" if local.headroom_s is None else f"{local.headroom_s:.1f} s"
         lines.append(f"  viability headroom {end} at the end, {local.headroom_min_s:.1f} s at "

@@ -181,8 +181,8 @@ RESOURCE = [
     _p("resource.served_model", "", "model name the servers answer to ('' = ask the server)"),
     _p("resource.timeout_s", 30.0, "HTTP timeout of one request", positive=True),
     _p("resource.threads", 0, "CPU threads of the local engine (0 = default)", min_value=0),
-    _p("resource.dtype", "auto", "precision of the local engine: auto (bf16 with int4 decode "
-       "weights where the CPU computes bf16 natively, else float32), float32 (the exact "
+    _p("resource.dtype", "auto", "precision of the local engine: auto (the backend and "
+       "precision measured fastest on this machine, once, then cached), float32 (the exact "
        "reference), bfloat16", choices=("auto", "float32", "bfloat16")),
 ]
 

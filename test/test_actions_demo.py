@@ -38,3 +38,6 @@ def test_the_demo_decodes_typed_actions_on_local_engines_by_default(tmp_path):
     assert summary["mask_s_per_token"] > 0
     # what dtype="auto" chose here: torch on a CPU with native bf16, llama.cpp without
     assert summary["precision"].startswith(("torch.", "llama.cpp "))
+    # measured once on this machine (or the machine's only candidate), and said so
+    assert summary["engine_choice"]["how"] in ("calibrated", "only candidate")
+    assert summary["engine_choice"]["precision"] == summary["precision"]

@@ -78,3 +78,7 @@ def test_run_episode_on_two_engines_returns_a_summary_that_loses_no_chunk(tmp_pa
     written = json.loads(json.dumps(summary.as_json()))
     assert written["ttft"]["p99_s"] == summary.ttft.p99_s and written["paced"] is True
     assert f"tau_mem {settings.tau_mem_tokens} tokens" in format_report(summary)
+    # the engines' dtype was given (the float32 default), so nothing was calibrated
+    assert written["engine_choice"] == {"how": "set", "backend": "torch",
+                                        "precision": summary.local.precision}
+    assert "engine torch.float32, set: torch" in format_report(summary)

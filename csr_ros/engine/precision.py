@@ -9,9 +9,11 @@ they find; this module only decides which of them the engine asks for.
     x86 without it (AVX2)                   torch: float32 activations, K/V and block
                                             matmuls; fp16 weight copies for decode steps
                                             (fbgemm's fp16 GEMM, half the bytes per token)
-    otherwise (ARM)                         llama.cpp in process (`choose_backend`): the GGUF's
-                                            own quantized weights on its NEON kernels; torch
-                                            float32 where llama-cpp-python is not installed
+    llama.cpp in process (anywhere          the GGUF's own quantized weights on its kernels
+    llama-cpp-python is installed)          (AVX2, NEON)
+
+These are the candidates; `dtype="auto"` in the local resource takes the one whose decision
+measured fastest on this machine (csr_ros.engine.calibration), not a guess from the flags.
 
 The int4/int8 weight-only kernels are fast only with bf16 activations, and bf16 matmuls are fast
 only where the CPU has bf16 instructions. Without them (an AVX2-only AMD EPYC, a decode step's
@@ -20,14 +22,15 @@ with bf16 activations 2x slower) fbgemm's fp16-weight GEMM beats float32 for a d
 (2x on the matmuls, 1.8x on the whole step) without quantizing the activations, and float32
 stays the fastest for prefill and queries. docs/engine.md has the figures against llama.cpp.
 
-torch is imported only when asked about: `choose_backend` answers where it is not installed.
+torch is imported only when asked about: `torch_available` and `llamacpp_available` answer
+where it is not installed.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-from csr_ros.cpu import BF16_FLAGS, bf16_flags, cpu_flags
+from csr_ros.cpu import BF16_FLAGS, bf16_flags, cpu_flags, cpu_model
 
 
 def native_bf16() -> bool:
@@ -65,30 +68,13 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def choose_backend(device: str = "cpu", dtype=None) -> str:
-    """The local engine `dtype="auto"` runs on: "torch" where it has fast kernels (native bf16,
-    or x86 with fbgemm's fp16 GEMM for decode steps: its float32 prefill and CSR queries beat
-    llama.cpp's there, docs/engine.md), else "llamacpp" (the GGUF on llama.cpp's NEON kernels
-    on ARM, in process) where llama-cpp-python is installed, and wherever torch is not. Any
-    other dtype asks for torch."""
-    if dtype != "auto" or str(device).split(":")[0] != "cpu":
-        return "torch"
-    if torch_available():
-        from csr_ros.engine import lean
-
-        if native_bf16() or lean.fp16_available():
-            return "torch"
-    return "llamacpp" if llamacpp_available() else "torch"
-
-
 def describe() -> dict:
     """JSON-ready facts for benchmark records."""
     import torch
 
     flags = cpu_flags()
-    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    return {"cpu_model": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cpu_bf16_flags": sorted(f for f in BF16_FLAGS if f in flags),
             "amx_tile": "amx_tile" in flags, "native_bf16": native_bf16(),
             "llamacpp_available": llamacpp_available(),
-            "auto_backend": choose_backend("cpu", "auto"),
             "torch_threads": torch.get_num_threads()}

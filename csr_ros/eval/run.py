@@ -117,6 +117,11 @@ class EvalResources:
         """The local engine's backend (torch or llamacpp); None over HTTP."""
         return self.primary.engine.backend if self.primary.capabilities.capsules else None
 
+    @property
+    def engine_choice(self) -> dict | None:
+        """How the local engine was chosen (LocalResource.engine_choice); None over HTTP."""
+        return getattr(self.primary, "engine_choice", None)
+
     @classmethod
     def local(cls, model: str = "smollm2", *, max_context_tokens: int | None = None,
               threads: int | None = None, engine=None, backend: str = "auto") -> "EvalResources":

@@ -199,6 +199,7 @@ def run_study(s: EvalSettings, progress: Callable[[str], None] | None = None) ->
     meta = {"input": [str(p) for p in s.input], "format": fmt,
             "resource": s.resource, "urls": s.url,
             "model": s.model or "smollm2", "backend": resources.backend,
+            "engine_choice": resources.engine_choice,
             "max_context_tokens": max_context, "match": ",".join(s.match),
             "choice_scoring": list(s.choice_scoring) if n_choice else [],
             "shuffle_seed": s.shuffle_seed, "options": options_note(s, n_choice),

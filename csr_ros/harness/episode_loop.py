@@ -339,6 +339,7 @@ def _summarize(rec: Reconciler, r: _Run, settings: EpisodeSettings, started_s: f
     viability = rec.snapshot()
     local = LocalFigures(
         precision=_precision(rec.resources[books.primary]),
+        engine_choice=_read(rec.resources[books.primary], "engine_choice"),
         catchup_steps=counters["catchup_steps"],
         worker_restarts=sum(x.restarts for x in resources if x.capabilities.worker),
         injected_kills=r.kills, inputs=r.inputs, chunks_in_order=in_order,
@@ -381,12 +382,22 @@ def _n_cpus() -> int:
 
 def _precision(resource) -> str | None:
     """A local engine's precision (`Engine.precision`); None for servers."""
+    value = _read(resource, "engine.precision")
+    return None if value is None else str(value)
+
+
+def _read(resource, path: str):
+    """`path` of a local resource, in this process or its worker's; None for servers."""
     if not resource.capabilities.worker:
-        return resource.engine.precision if resource.capabilities.capsules else None
+        if not resource.capabilities.capsules:
+            return None
+        for name in path.split("."):
+            resource = getattr(resource, name)
+        return resource
     try:
-        return str(resource.call("engine.precision"))
+        return resource.call(path)
     except Exception as exc:
-        log.warning("cannot read the precision of %s: %s", resource.name, exc)
+        log.warning("cannot read %s of %s: %s", path, resource.name, exc)
         return None
 
 

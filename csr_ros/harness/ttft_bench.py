@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 from csr_ros.bench_report import capsule_row, prefill_row, summarize, ttft_row
+from csr_ros.engine.calibration import describe as describe_choice
 from csr_ros.errors import ConfigError
 from csr_ros.model_store import DEFAULT_MODEL, resolve_model_dir
 from csr_ros.state import QueryId, Request, Version
@@ -109,8 +110,10 @@ def run_bench(settings: BenchSettings) -> dict:
                 engines[resource.name] = {"precision": engine.precision,
                                           "forward": engine.forward_kind,
                                           "decode_threads": engine.decode_threads,
-                                          "device": str(engine.device)}
-                _progress(f"[{resource.name}] {engine.precision}, {engine.forward_kind} forward")
+                                          "device": str(engine.device),
+                                          "choice": resource.engine_choice}
+                _progress(f"[{resource.name}] {engine.precision}, {engine.forward_kind} forward; "
+                          f"{describe_choice(resource.engine_choice)}")
         rows = interleaved([bench_phases(resource, tokenizer, layout, ns=list(settings.ns),
                                          ms=list(settings.ms), repeats=settings.repeats,
                                          max_new_tokens=settings.max_new_tokens,
@@ -370,7 +373,7 @@ def resource_for(kind: str, settings: BenchSettings):
 
 def _backend_options(backend: str, dtype: str) -> dict:
     """The llama.cpp backend takes no torch settings (its dtype is the GGUF's); auto is
-    resolved by the resource (`precision.choose_backend`)."""
+    resolved by the resource (`calibration.resolve`)."""
     if backend != "llamacpp":
         return {"backend": backend}
     return {"backend": "llamacpp", "dtype": None, "forward": "auto", "decode_weights": "auto"}

@@ -84,6 +84,7 @@ class ReconcilerNode(ManagedNode):
         self.capacity_said_s = 0.0
         self.ops: list = []                    # load/extend timings of the resources
         self.urls: dict[str, str] = {}
+        self.engines: dict[str, str] = {}       # resource -> how its local engine was chosen
         self.published_version: int | None = None
         self.catching_up = True                # until the aggregator's history is folded
         self.started_s = time.monotonic()
@@ -263,11 +264,21 @@ class ReconcilerNode(ManagedNode):
                         tau_mem_tokens=p["tau_mem_tokens"], read_timeout_s=p["resource.timeout_s"]))
                     self.urls[name] = url
             self._check_context(built)
+            self._say_engines(built)
         except Exception:
             for resource in built:
                 resource.close()
             raise
         return [TimedResource(r, self.ops, time.monotonic) for r in built]
+
+    def _say_engines(self, built: list) -> None:
+        """The local engines' backends and how `dtype auto` chose them, for /diagnostics."""
+        from csr_ros.engine.calibration import describe
+
+        self.engines = {r.name: describe(r.engine_choice) for r in built
+                        if getattr(r, "engine_choice", None) is not None}
+        for name, text in self.engines.items():
+            self.get_logger().info(f"{name}: {text}")
 
     def _check_context(self, built: list) -> None:
         """The context_tokens parameter must fit every resource: name it and the server."""
@@ -532,6 +543,7 @@ class ReconcilerNode(ManagedNode):
         values = [(k, str(v)) for k, v in snap.items()]
         values += [("stream", self.streams.current or "-"),
                    ("stream_restarts", str(self.stream_restarts))]
+        values += [(f"engine.{name}", text) for name, text in sorted(self.engines.items())]
         for name in sorted(r.name for r in self.resources or []):
             key = self.routing_key(name)
             if key is not None:

@@ -36,15 +36,21 @@ class LocalResource:
         """`backend`: "torch" (TorchEngine: transformers' weights, capsules on every model),
         "llamacpp" (LlamaCppEngine: the GGUF on llama.cpp's kernels, in process; `dtype`,
         `forward` and `decode_weights` are the torch engine's and stay at their defaults), or
-        "auto" (the default: `precision.choose_backend(device, dtype)`, torch unless
-        dtype="auto" on a CPU where llama.cpp is the fast engine; torch whenever `forward` or
-        `decode_weights` asks for something of its own)."""
+        "auto" (the default: torch, unless dtype="auto" on a CPU, where the fastest of the
+        machine's candidates is taken, measured once per machine: `calibration.resolve`;
+        torch whenever `forward` or `decode_weights` asks for something of its own).
+        `engine_choice` says how the engine was chosen, with the calibration's figures."""
         self.name = name
+        self.engine_choice = {"how": "set", "backend": backend}
         if backend == "auto":
-            from csr_ros.engine import precision
+            from csr_ros.engine import calibration
 
-            backend = (precision.choose_backend(device, dtype)
-                       if forward == "auto" and decode_weights == "auto" else "torch")
+            options, self.engine_choice = calibration.resolve(
+                model, device=device, dtype=dtype, forward=forward,
+                decode_weights=decode_weights, threads=threads)
+            backend = options["backend"]
+            dtype = options.get("dtype", dtype)
+            decode_weights = options.get("decode_weights", decode_weights)
         if backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
         common = dict(threads=threads, decode_threads=decode_threads,
@@ -58,12 +64,14 @@ class LocalResource:
             engine = make_engine(model, backend=backend, device=device, dtype=dtype,
                                  forward=forward, decode_weights=decode_weights, **common)
         self._adopt(engine)
+        self.engine_choice["precision"] = engine.precision
 
     @classmethod
     def from_engine(cls, engine: Engine, *, name: str = "local") -> "LocalResource":
         """A resource over an existing engine (e.g. `engine.fork()`: shared weights, own cache)."""
         self = cls.__new__(cls)
         self.name = name
+        self.engine_choice = {"how": "given", "backend": engine.backend}
         self._adopt(engine)
         return self
 

@@ -69,12 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="CPU threads of a local engine while it warms up or catches up "
                           "(default 1)")
     res.add_argument("--dtype", default="auto",
-                     help="local engine precision: auto (default: bf16 with int4 decode weights "
-                          "where the CPU computes bf16 natively, else float32), float32, "
-                          "bfloat16")
+                     help="local engine precision: auto (default: with --backend auto, the "
+                          "backend and precision measured fastest here, cached: csr-ros engine "
+                          "show), float32, bfloat16")
     res.add_argument("--backend", choices=["auto", "torch", "llamacpp"], default="auto",
-                     help="local engine: auto (default: with --dtype auto, llama.cpp in process "
-                          "on a CPU without native bf16, else torch), torch, llamacpp")
+                     help="local engine: auto (default: with --dtype auto, the one measured "
+                          "fastest on this machine), torch, llamacpp")
     res.add_argument("--r1", help="openai: URL of the primary server")
     res.add_argument("--r2", help="openai: URL of the secondary server (the tokenizer and the "
                                   "prompt mode, ids or text, come from the servers)")
