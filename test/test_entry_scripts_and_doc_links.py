@@ -81,9 +81,10 @@ def test_each_shell_block_of_the_launch_steps_sets_the_variables_it_uses():
     ros = (ROOT / "docs" / "ros.md").read_text()
     section = ros[ros.index("## Launch files on the wheels"):ros.index("## What runs where")]
     blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
-    assert len(blocks) == 2, "the build block and the block of each shell"
+    assert len(blocks) == 4, "the build (online, then offline), the environment, the commands"
     given = {"HOME", "PATH", "PYTHONPATH", "AMENT_PREFIX_PATH", "CMAKE_PREFIX_PATH"}
-    for block in blocks:
+    shells = [blocks[0] + blocks[1], blocks[2] + blocks[3]]   # the build's, each run's
+    for block in shells:
         code = re.sub(r"<<'EOF'\n.*?\nEOF\n", "\n", block, flags=re.S)   # the CMake heredoc
         code = re.sub(r"#.*", "", code)
         defined = set(re.findall(r"^([A-Z_]+)=", code, re.M)) | given | {"repo"}
