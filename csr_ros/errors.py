@@ -96,6 +96,10 @@ class ChunkLogFullError(ChunkLogError):
     written, the log holds everything before it, and appending works again once space is freed."""
 
 
+class PortInUseError(ConfigError):
+    """A server's port is taken by another process (the message names its pid and command)."""
+
+
 class ActionSpecError(ConfigError):
     """An action vocabulary (its spec strings or JSON schema) is malformed."""
 

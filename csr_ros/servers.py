@@ -24,12 +24,17 @@ Two kinds, each built in one place:
 
 The recipes and command builders are pure (tested without the servers installed);
 `vllm_server` and `llamacpp_server` are the factories every user calls; `ManagedServer` is the
-thin process wrapper.
+thin process wrapper. A server it starts ends with the process that started it, even one killed
+with SIGKILL (the kernel's parent-death signal), and a port another process holds is refused
+with that process's pid and command line before anything waits for health
+(docs/openai_and_vllm.md, "Server processes").
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import errno
 import logging
 import os
 import signal
@@ -37,13 +42,16 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
+from urllib.parse import urlsplit
 
 from csr_ros.cpu import bf16_flags
-from csr_ros.errors import ConfigError, ResourceTimeoutError, ResourceUnavailableError
+from csr_ros.errors import (ConfigError, PortInUseError, ResourceTimeoutError,
+                            ResourceUnavailableError)
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)   # health polls would log every request
@@ -51,7 +59,6 @@ logging.getLogger("httpx").setLevel(logging.WARNING)   # health polls would log 
 LOOPBACK = "127.0.0.1"
 DEFAULT_LLAMACPP_CONTEXT_TOKENS = 8192
 LLAMACPP_API_KEY_ENV = "CSR_ROS_SERVER_API_KEY"   # the key reaches the server here, not in argv
-EXIT_WITH_PARENT_ENV = "CSR_ROS_EXIT_WITH_PARENT"   # set: the server ends when its parent does
 
 VLLM_API_SERVER = "vllm.entrypoints.openai.api_server"
 VLLM_DEVICES = ("cuda", "cpu")
@@ -345,7 +352,8 @@ def vllm_server(config: VllmConfig | None = None, *, port: int, name: str | None
         command=vllm_command(config, port=port, model=vllm_model_path(config.model)),
         env=vllm_env(config, gpu=gpu, cpus=cpus, base=env_base),
         health_timeout_s=config.health_timeout_s,
-        stop_timeout_s=30.0)              # a loaded vLLM's workers take a while to exit
+        stop_timeout_s=30.0,              # a loaded vLLM's workers take a while to exit
+        parent_death_signal=signal.SIGTERM)   # so that it ends its engine processes itself
 
 
 def vllm_servers(config: VllmConfig, *, env_base: dict[str, str] | None = None,
@@ -396,7 +404,9 @@ def llamacpp_servers(ports: Sequence[int], *, model: str, n_ctx: int, threads: i
 @dataclass
 class ManagedServer:
     """One server subprocess. `start()` returns once `GET health_path` answers 200; a timeout
-    not given is the server's own (`health_timeout_s`, `stop_timeout_s`)."""
+    not given is the server's own (`health_timeout_s`, `stop_timeout_s`). The server gets
+    `parent_death_signal` when this process dies, however it dies (SIGKILL for a server with no
+    processes of its own; vLLM takes SIGTERM, which it answers by ending its engine's)."""
 
     name: str
     command: list[str]
@@ -406,6 +416,7 @@ class ManagedServer:
     log_path: Path | None = None
     health_timeout_s: float = 120.0
     stop_timeout_s: float = 15.0
+    parent_death_signal: int = signal.SIGKILL
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     def start(self, *, timeout_s: float | None = None, progress=None) -> "ManagedServer":
@@ -413,15 +424,22 @@ class ManagedServer:
         self.launch()
         return self.wait(timeout_s=timeout_s, progress=progress)
 
+    @property
+    def port(self) -> int:
+        return urlsplit(self.url).port
+
     def launch(self) -> "ManagedServer":
-        """Start the process and return at once (`wait` for health)."""
+        """Start the process and return at once (`wait` for health); PortInUseError if another
+        process holds the port."""
         assert self.process is None or self.process.poll() is not None, f"{self.name} is running"
+        check_port_free(self.port, host=urlsplit(self.url).hostname)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         log.info("starting %s: %s", self.name, " ".join(self.command))
         try:
             # Own process group, so stop() reaches the workers a server forks (vLLM does).
-            self.process = subprocess.Popen(self.command, env=self.env, stdout=out,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = _spawn(self.command, env=self.env, stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True,
+                                  preexec_fn=_dies_with_parent(self.parent_death_signal))
         except FileNotFoundError:
             raise ConfigError(f"cannot start {self.name}: {self.command[0]!r} not found") from None
         finally:
@@ -435,6 +453,10 @@ class ManagedServer:
             wait_healthy(self.url, health_path=self.health_path,
                          timeout_s=self.health_timeout_s if timeout_s is None else timeout_s,
                          process=self.process, log_path=self.log_path, progress=progress)
+            holder = port_holder(self.port)   # the answer was ours, not that of a process
+            if holder is not None and _session(holder[0]) != self.pid:  # that took the port
+                raise PortInUseError(f"{self.name}: port {self.port} is held by pid "
+                                     f"{holder[0]} ({holder[1]}), not by the server started")
         except BaseException:
             self.stop()
             raise
@@ -475,6 +497,83 @@ class ManagedServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# -- a child that ends with this process; who holds a port -----------------------------------
+
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl     # resolved here, not in a forked child
+# The kernel sends the parent-death signal when the *thread* that forked the child ends, so
+# every server is forked by this one thread, which lives as long as the process: a server
+# started from a short-lived thread (a fault's, a request's) would otherwise die with it.
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="csr-spawn")
+
+
+def _spawn(command: list[str], **popen: Any) -> subprocess.Popen:
+    return _spawner.submit(subprocess.Popen, command, **popen).result()
+
+
+def _dies_with_parent(sig: int):
+    """preexec_fn: `sig` to the child once this process is gone (PR_SET_PDEATHSIG; kept across
+    exec, so a Rust or C server gets it too), and an exit if it is gone already."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        _prctl(_PR_SET_PDEATHSIG, int(sig))
+        if os.getppid() != parent:
+            os._exit(1)
+    return preexec
+
+
+def port_holder(port: int) -> tuple[int, str] | None:
+    """The process listening on TCP `port` here, as (pid, command line); None when none
+    listens or its owner cannot be seen (another user's process, without root)."""
+    sockets = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:            # sl local_address rem_address st ... uid timeout inode
+            f = row.split()
+            if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port and f[9] != "0":
+                sockets.add(f"socket:[{f[9]}]")
+    if not sockets:
+        return None
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fd_dir = f"/proc/{pid}/fd"
+            if any(os.readlink(f"{fd_dir}/{fd}") in sockets for fd in os.listdir(fd_dir)):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                return int(pid), " ".join(a.decode(errors="replace") for a in argv if a)
+        except OSError:
+            continue                # gone meanwhile, or not ours to read
+    return None
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def check_port_free(port: int, host: str | None = LOOPBACK) -> None:
+    """PortInUseError naming the port and the process that holds it, if a server could not
+    bind it now (a socket in TIME_WAIT does not count: servers bind with SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET6 if host and ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host or LOOPBACK, port))
+            return
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    holder = port_holder(port)
+    who = (f"pid {holder[0]}: {holder[1]}" if holder else
+           "a process this user cannot see, or a socket that does not listen")
+    raise PortInUseError(f"port {port} is already in use ({who}); stop it or choose another "
+                         "port")
 
 
 def start_all(servers: Sequence[ManagedServer], *, together: bool = True,
@@ -572,10 +671,6 @@ def _llamacpp_main(argv: Sequence[str]) -> int:
     parser.add_argument("--n-threads", type=int, default=1)
     parser.add_argument("--model-alias", default=None)
     args = parser.parse_args(argv)
-    if os.environ.get(EXIT_WITH_PARENT_ENV):
-        from csr_ros.resources.process import exit_with_parent
-
-        exit_with_parent()
 
     import uvicorn
     from llama_cpp.server.app import create_app
