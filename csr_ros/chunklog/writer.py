@@ -69,6 +69,7 @@ class ChunkLog:
         self.clock = clock
         self.write_failures = 0           # records not written (raised, or a version held)
         self.sync_failures = 0
+        self.sync_s = 0.0                    # time spent in fsync of segments
         self.checkpoint_failures = 0
         self._mutex = threading.RLock()   # the node and the driver's workers both append
         self._capsule_lock = threading.Lock()   # one capsule written at a time
@@ -386,6 +387,7 @@ class ChunkLog:
         return True
 
     def _sync(self) -> None:
+        started_s = time.monotonic()
         try:
             os.fsync(self._fd)
         except OSError as exc:
@@ -393,6 +395,8 @@ class ChunkLog:
             raise ChunkLogError(f"{self._segment_path(self._segment)}: fsync failed ({exc}): "
                                 "records since the last sync may not survive a power loss"
                                 ) from None
+        finally:
+            self.sync_s += time.monotonic() - started_s
         self._last_sync_s = time.monotonic()
 
     def _sync_quietly(self) -> None:

@@ -7,13 +7,15 @@ that holds the chunk log during a soak.
     fs = LogFileSystem.mount(run_dir / "logfs", size_mb=512)   # before any thread starts
     fs.fill(host_pid)                        # ENOSPC from now on (or EFBIG, see below)
     fs.free(host_pid)
+    unmount(run_dir / "logfs")               # at the end, once no process holds it
 
 Every kind comes once per round, in a seeded order, so a short soak with `--faults all` sees
 each; the gaps between faults are `every_s` times a seeded factor between 0.5 and 1.5.
 
 The file system is a tmpfs of `size_mb` in a mount namespace of this process's own (its
 children inherit it; it disappears with the last of them): filling it gives the chunk log a
-real ENOSPC, and nothing outside the soak sees it. Where a private mount namespace cannot be
+real ENOSPC, and nothing outside the soak sees it. It is unmounted before the run directory is
+removed: a mount point cannot be removed (EBUSY). Where a private mount namespace cannot be
 made (not root), the chunk log lives in a plain directory and "full" is a file-size limit set
 on the state's process (RLIMIT_FSIZE: EFBIG, which the log treats as a full disk).
 """
@@ -27,11 +29,13 @@ import os
 import random
 import resource
 import subprocess
+import time
 from pathlib import Path
 
 log = logging.getLogger("csr_ros.soak")
 
 _CLONE_NEWNS = 0x00020000
+_MNT_DETACH = 2
 FILLER = "filler"
 
 
@@ -141,3 +145,35 @@ def _private_tmpfs(root: Path, size_mb: int) -> str | None:
         if done.returncode != 0:
             return f"{' '.join(cmd[:2])}: {done.stderr.strip()}"
     return None
+
+
+def unmount(root: Path, *, timeout_s: float = 30.0) -> str | None:
+    """Unmount the file system at `root` once no process holds a file in it (the state's
+    process and its workers end a moment after they are stopped or killed). Still held after
+    `timeout_s`: detached (it goes once its last holder closes), and what held it, else None."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    deadline = time.monotonic() + timeout_s
+    while libc.umount2(str(root).encode(), 0) != 0:
+        err = ctypes.get_errno()
+        if err != errno.EBUSY:
+            return f"could not unmount {root}: {os.strerror(err)}"
+        if time.monotonic() > deadline:
+            holders = _holders(root)
+            libc.umount2(str(root).encode(), _MNT_DETACH)
+            return f"{root} still held after {timeout_s:.0f} s by {holders}; detached"
+        time.sleep(0.1)
+    return None
+
+
+def _holders(root: Path) -> list[str]:
+    """'pid (name)' of each process with a file or its working directory under `root`."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink(f"/proc/{pid}/cwd")] + \
+                [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            if any(link == str(root) or link.startswith(f"{root}/") for link in links):
+                out.append(f"{pid} ({Path(f'/proc/{pid}/comm').read_text().strip()})")
+        except OSError:
+            continue
+    return out

@@ -71,6 +71,10 @@ class SoakSettings:
     keep_up_s: float = 10.0               # a decision slower than this holds robot time
     max_new_tokens: int = DEMO.max_new_tokens
     query_timeout_s: float = 60.0         # a query not answered in this time fails over
+    hedge_after_s: float = 2.0            # ... and by this time it is asked on the secondary
+                                          # too, where it holds a consistent state (0: never)
+    stale_after_s: float = 5.0            # no decision for this long: the robot's watchdog
+                                          # holds the safe action (the report's bound per fault)
     op_timeout_s: float = 180.0           # a load or extend not done in this time fails
     capsule_every_s: float = 0.0          # a capsule after every version change (0), or less
     log_fs_mb: int = 512                  # the small file system that holds the chunk log
@@ -95,6 +99,8 @@ class SoakSettings:
             raise ConfigError("--r1/--r2 are servers: use --resource openai")
         if self.max_faults is not None and self.max_faults < 1:
             raise ConfigError(f"max_faults must be >= 1, got {self.max_faults}")
+        if self.hedge_after_s < 0 or self.stale_after_s <= 0:
+            raise ConfigError("hedge_after_s must be >= 0 (0: never) and stale_after_s > 0")
         if self.fault_every_s <= 0:
             raise ConfigError(f"fault_every_s must be > 0, got {self.fault_every_s}")
         for kind in self.faults:
@@ -109,6 +115,11 @@ class SoakSettings:
     @property
     def robot_s(self) -> float:
         return self.robot_hours * 3600.0
+
+    @property
+    def allowed_ticks_without_decision(self) -> int:
+        """Policy ticks in a row without a decision before the watchdog's safe action."""
+        return int(self.stale_after_s * self.rate_hz)
 
     @property
     def starts_servers(self) -> bool:

@@ -80,6 +80,7 @@ class HostConfig:
     max_chunk_tokens: int
     max_new_tokens: int
     query_timeout_s: float
+    hedge_after_s: float | None
     op_timeout_s: float
     capsule_every_s: float | None
     retain_bytes: int | None
@@ -159,7 +160,8 @@ class StateHost:
                                  reserve_tokens=config.reserve_tokens,
                                  n_catchup_tokens=config.n_catchup_tokens,
                                  warm_timeout_s=config.op_timeout_s,
-                                 query_timeout_s=config.query_timeout_s)
+                                 query_timeout_s=config.query_timeout_s,
+                                 hedge_after_s=config.hedge_after_s)
             self.rec = Reconciler(state, self.resources, rc, chunk_log=self.chunk_log,
                                   policy=make_policy("oldest_fraction", fraction=0.5),
                                   capsule_every_s=config.capsule_every_s)
@@ -331,6 +333,10 @@ class StateHost:
                 "held_episodes": self.rec.held_episodes,
                 "pending_versions": self.chunk_log.pending_versions,
                 "log_write_failures": self.chunk_log.write_failures,
+                "log_sync_s": round(self.chunk_log.sync_s, 3),
+                "log_sync_failures": self.chunk_log.sync_failures,
+                "log_checkpoint_failures": self.chunk_log.checkpoint_failures,
+                "cpu_s": round(time.process_time(), 2),
                 "log_segment": self.chunk_log.segment,
                 "worker_restarts": {r.name: getattr(r, "restarts", 0) for r in self.resources}}
 

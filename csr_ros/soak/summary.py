@@ -27,6 +27,7 @@ class FaultRecord:
     recovery_s: float | None = None  # injection to everything back (wall seconds)
     decisions_skipped: int = 0      # policy ticks without a decision (the safe action held)
     decisions_failed: int = 0       # of those, queries that failed or were lost
+    ticks_without_decision: int = 0  # the longest run of policy ticks without an answer
     state_equals_log: bool | None = None   # the state rebuilt from the chunk log, afterwards
     robot_saw: str = ""             # what the robot noticed, in words
     why_not: str = ""               # what was still wrong when the recovery timed out
@@ -131,7 +132,22 @@ class SoakSummary:
     tokens_per_robot_s: float | None
     log_fs: str
     load_average: dict
+    hedged_queries: int = 0         # asked on the secondary for a slow or failed primary
+    held_by_cause: dict = field(default_factory=dict)   # wall seconds held, per cause
+    costs_s: dict = field(default_factory=dict)         # CPU and fsync seconds of the run
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def ticks_without_decision(self) -> dict:
+        """The longest run of policy ticks without a decision, per fault kind."""
+        out: dict[str, int] = {}
+        for f in self.faults:
+            out[f.kind] = max(out.get(f.kind, 0), f.ticks_without_decision)
+        return out
+
+    @property
+    def allowed_ticks_without_decision(self) -> int:
+        return int(self.settings["stale_after_s"] * self.settings["rate_hz"])
 
     @property
     def ok(self) -> bool:
@@ -145,6 +161,8 @@ class SoakSummary:
     def as_json(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "faults"}
         out["faults"] = [f.as_json() for f in self.faults]
+        out["ticks_without_decision"] = self.ticks_without_decision
+        out["allowed_ticks_without_decision"] = self.allowed_ticks_without_decision
         out["ok"] = self.ok
         return out
 
@@ -171,11 +189,20 @@ def format_report(s: SoakSummary) -> str:
         f"corrupt {s.chunks_corrupt}",
         f"  decisions {s.decisions}  valid {s.valid_actions}  failed {s.failed_decisions}  "
         f"skipped ticks {s.skipped_ticks} (safe action {s.safe_action} held)",
+        f"  robot time held by cause (wall s): " + "  ".join(
+            f"{k} {v:.0f}" for k, v in s.held_by_cause.items()) + "; seconds spent: " + "  ".join(
+            f"{k} {v:g}" for k, v in s.costs_s.items()),
         f"  TTFT p50 {_ms(s.ttft.get('p50_s'))}  p99 {_ms(s.ttft.get('p99_s'))}  max "
         f"{_ms(s.ttft.get('max_s'))}",
         f"  faults {len(s.faults)}, recovered {recovered}; state equals the state rebuilt "
         f"from the chunk log: {s.state_equals_log}; unexpected exits of the state's process "
         f"{s.host_exits_unexpected}"]
+    if s.faults:
+        lines.append(
+            f"  ticks without a decision, the longest run per fault kind (stale_after_s "
+            f"{s.settings['stale_after_s']:g} s at {s.settings['rate_hz']:g} Hz allows "
+            f"{s.allowed_ticks_without_decision}; {s.hedged_queries} hedged queries): " +
+            "  ".join(f"{k} {v}" for k, v in s.ticks_without_decision.items()))
     for f in s.faults:
         rec = f"recovered in {f.recovery_s:.1f} s" if f.recovered else \
             f"NOT RECOVERED ({f.why_not})"

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -45,7 +46,7 @@ from pathlib import Path
 
 from csr_ros.errors import ConfigError
 from csr_ros.soak.audit import audit_log
-from csr_ros.soak.faults import FaultPlan, LogFileSystem
+from csr_ros.soak.faults import FaultPlan, LogFileSystem, unmount
 from csr_ros.soak.probes import alive, log_sizes, start_ticks, tree_usage, usage
 from csr_ros.soak.settings import SoakSettings
 from csr_ros.soak.state_host import HostConfig, start_host
@@ -56,7 +57,12 @@ log = logging.getLogger("csr_ros.soak")
 
 SAFE_ACTION = "wait()"
 COUNTERS = ("cycles", "swaps", "fallbacks", "failovers", "retries", "failed_queries",
-            "sync_evictions")
+            "sync_evictions", "hedged_queries")
+COSTS = ("log_sync_s", "cpu_s")     # seconds, summed over the state's processes
+# Why robot time was held, first match wins: a fault is being recovered; the secondary warms
+# or catches up (a chunk could fill the context meanwhile, or its prefill takes the cores);
+# a decision takes longer than keep_up_s; the primary has calls queued.
+HELD_CAUSES = ("fault_recovery", "warm_up", "decisions", "primary_queue")
 STATUS_EVERY_S = 0.5
 TICK_S = 0.05
 CLOCK_JUMP_S = 25 * 3600.0       # forwards past a day (the log's age-based retention), then back
@@ -64,27 +70,54 @@ BEHIND_BACKLOG = 3               # primary calls queued: the state cannot keep u
 HOST_START_TIMEOUT_S = 900.0
 
 
-def run_soak(settings: SoakSettings, *, plot: Path | None = None) -> SoakSummary:
-    """Run the soak (and draw `plot`); the run directory, with the samples, the decisions and
-    the state's log, is `settings.workdir` (kept) or a temporary one."""
+def run_soak(settings: SoakSettings, *, plot: Path | None = None,
+             json_path: Path | None = None) -> SoakSummary:
+    """Run the soak. Its summary goes to `json_path` and its plot to `plot` as soon as it is
+    made, before anything is cleaned up; then the log's file system is unmounted and the run
+    directory (samples, decisions, the state's log) removed, unless it is `settings.workdir`.
+    A clean-up that fails is a warning naming what is left, never an exception."""
     if settings.workdir is not None:
         run_dir = Path(settings.workdir)
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"{run_dir} already holds a run; give a new directory")
         run_dir.mkdir(parents=True, exist_ok=True)
-        return _run(settings, run_dir, plot)
-    with tempfile.TemporaryDirectory(prefix="csr-soak-") as tmp:
-        return _run(settings, Path(tmp), plot)
+    else:
+        run_dir = Path(tempfile.mkdtemp(prefix="csr-soak-"))
+    try:
+        summary = Soak(settings, run_dir).run()
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(summary.as_json(), indent=1) + "\n")
+        if plot is not None:
+            from csr_ros.plots import plot_soak
+
+            plot_soak(run_dir / "samples.jsonl", run_dir / "decisions.jsonl",
+                      summary.as_json(), plot)
+        return summary
+    finally:
+        for problem in _clean_up(run_dir, keep=settings.workdir is not None):
+            log.warning("soak clean-up: %s", problem)
 
 
-def _run(settings: SoakSettings, run_dir: Path, plot: Path | None) -> SoakSummary:
-    summary = Soak(settings, run_dir).run()
-    if plot is not None:
-        from csr_ros.plots import plot_soak
-
-        plot_soak(run_dir / "samples.jsonl", run_dir / "decisions.jsonl", summary.as_json(),
-                  plot)
-    return summary
+def _clean_up(run_dir: Path, *, keep: bool) -> list[str]:
+    """Unmount the log's tmpfs once no process holds it (a kept run gets the log copied out
+    first), then remove a run directory that is not kept; what could not be done."""
+    problems = []
+    fs_root, kept = run_dir / "logfs", run_dir / "chunklog.kept"
+    try:
+        if os.path.ismount(fs_root):
+            if keep and (fs_root / "chunklog").is_dir():   # the tmpfs goes with the soak
+                shutil.copytree(fs_root / "chunklog", kept)
+            why = unmount(fs_root)
+            if why:
+                problems.append(why)
+            if kept.is_dir():
+                kept.rename(fs_root / "chunklog")
+        if not keep:
+            shutil.rmtree(run_dir)
+    except OSError as exc:
+        problems.append(f"could not remove {exc.filename or run_dir}: {exc.strerror or exc}")
+    return problems
 
 
 def _interrupt(signum, frame) -> None:
@@ -234,7 +267,8 @@ class Soak:
         self.host_restarts: list[dict] = []  # the "ready" of every process after the first
         self.first_ready: dict = {}
         self.status: dict = {}
-        self.past_counters = dict.fromkeys(COUNTERS, 0)   # of state processes that were killed
+        self.past_counters = dict.fromkeys(COUNTERS + COSTS, 0)   # of killed state processes
+        self.held_by_cause = dict.fromkeys(HELD_CAUSES, 0.0)     # wall seconds
         self.status_future: Future | None = None
         self.status_s = 0.0
         self.servers: dict = {}
@@ -248,6 +282,9 @@ class Soak:
         self.valid = 0
         self.failed = 0
         self.outstanding: tuple[int, int] | None = None    # (host generation, tick)
+        self.decided_since_tick = False
+        self.ticks_without_run = 0           # policy ticks in a row without an answer
+        self.longest_run = 0                 # ... the longest since the fault began
         self.outstanding_since = 0.0
         self.last_latency_s = 0.0            # the newest decision's, asked to answered
         self.last_ok_wall = 0.0
@@ -292,14 +329,11 @@ class Soak:
     def _start_servers(self) -> None:
         if not self.s.starts_servers:
             return
-        from csr_ros.servers import (EXIT_WITH_PARENT_ENV, free_port, llamacpp_servers,
-                                     start_all)
+        from csr_ros.servers import free_port, llamacpp_servers, start_all
 
-        ports = [free_port(), free_port()]
+        ports = [free_port(), free_port()]       # they end with the soak, however it ends
         servers = llamacpp_servers(ports, model=self.s.model, n_ctx=self.s.max_context_tokens,
                                    threads=self.s.server_threads, log_dir=self.run_dir)
-        for server in servers:           # a soak that dies takes its servers with it
-            server.env = {**(server.env or os.environ), EXIT_WITH_PARENT_ENV: "1"}
         self._say(f"starting two llama.cpp servers on ports {ports}")
         start_all(servers, timeout_s=600)
         self.servers = dict(zip(("r1", "r2"), servers))
@@ -318,7 +352,8 @@ class Soak:
             tau_mem_tokens=s.tau_mem_tokens, max_context_tokens=s.max_context_tokens,
             reserve_tokens=s.reserve_tokens, n_catchup_tokens=s.n_catchup_tokens,
             max_chunk_tokens=s.max_chunk_tokens, max_new_tokens=s.max_new_tokens,
-            query_timeout_s=s.query_timeout_s, op_timeout_s=s.op_timeout_s,
+            query_timeout_s=s.query_timeout_s, hedge_after_s=s.hedge_after_s or None,
+            op_timeout_s=s.op_timeout_s,
             capsule_every_s=s.capsule_every_s, retain_bytes=s.retain_bytes,
             retain_s=s.retain_s)
 
@@ -366,6 +401,7 @@ class Soak:
                     pass                             # the end: the last fault recovers
                 elif behind and live:
                     self.held_wall_s += dt
+                    self.held_by_cause[self._held_cause(now)] += dt
                 else:
                     # While the state's process restarts, robot time runs as a robot's would
                     # in that wall time: an outage is real time, not compressed time.
@@ -389,6 +425,17 @@ class Soak:
                 window = (now, self.robot_s)
                 next_progress = now + self.s.progress_every_s
             time.sleep(TICK_S)
+
+    def _held_cause(self, now: float) -> str:
+        """Under the lock: why robot time is held now (HELD_CAUSES)."""
+        if self._fault_running():
+            return "fault_recovery"
+        if self.status.get("phase", "idle") != "idle" or self.status.get("at_risk"):
+            return "warm_up"
+        if self.last_latency_s > self.s.keep_up_s or (
+                self.outstanding is not None and now - self.outstanding_since > self.s.keep_up_s):
+            return "decisions"
+        return "primary_queue"
 
     def _faults_done(self) -> bool:
         """`max_faults` faults were injected and each is behind (recovered or given up)."""
@@ -418,8 +465,8 @@ class Soak:
                     self._say(f"warning: the state's process exited by itself: {host.error}")
                 self.outstanding = None
                 if host.ready is not None:     # its counters, as last seen, go on in the run's
-                    for key in COUNTERS:
-                        self.past_counters[key] += int(self.status.get(key, 0))
+                    for key in COUNTERS + COSTS:
+                        self.past_counters[key] += self.status.get(key, 0)
                     self.status = {}
             host.close()
             self._start_host()
@@ -428,7 +475,8 @@ class Soak:
             self._resend(host)
             if host.generation > 1:
                 with self.lock:
-                    self.host_restarts.append(dict(host.ready))
+                    self.host_restarts.append({**host.ready,
+                                               "at_robot_h": round(self.robot_s / 3600.0, 3)})
 
     def _resend(self, host: _Host) -> None:
         """What the new process lacks, from the ring (GetChunks, as the reconciler node asks the
@@ -482,6 +530,10 @@ class Soak:
                 next_s = time.monotonic()
             with self.lock:
                 self.ticks += 1
+                self.ticks_without_run = 0 if self.decided_since_tick else \
+                    self.ticks_without_run + 1
+                self.decided_since_tick = False
+                self.longest_run = max(self.longest_run, self.ticks_without_run)
                 host = self.host
                 if self.outstanding is not None or host is None or not host.live:
                     self.skipped_ticks += 1         # the robot holds its safe action
@@ -502,6 +554,7 @@ class Soak:
             self.decisions += 1
             if out.get("ok"):
                 self.last_ok_wall = now
+                self.decided_since_tick = True
                 self.valid += bool(out.get("valid"))
             else:
                 self.failed += 1
@@ -618,6 +671,8 @@ class Soak:
         skipped, failed = self._policy_counts()
         record.decisions_skipped = skipped - skipped0 + failed - failed0
         record.decisions_failed = failed - failed0
+        with self.lock:
+            record.ticks_without_decision = self.longest_run
         said = ", ".join(w for w in words().split(", ") if w)
         record.robot_saw = (f"{record.decisions_skipped} policy ticks without a decision "
                             f"({record.decisions_failed} failed), safe action {SAFE_ACTION} "
@@ -626,6 +681,8 @@ class Soak:
 
     def _begin(self, record: FaultRecord) -> float:
         record.extra["_counts"] = self._policy_counts()
+        with self.lock:
+            self.longest_run = self.ticks_without_run
         return time.monotonic()
 
     def _worker_or_server(self, name: str, status: dict) -> tuple[str, int | None]:
@@ -1000,7 +1057,7 @@ class Soak:
                     ttfts.append(d["ttft_s"])
         restarts = sorted(r["restart_s"] for r in self.host_restarts)
         final = final or self.status
-        total = {k: self.past_counters[k] + int(final.get(k, 0)) for k in COUNTERS}
+        total = {k: self.past_counters[k] + final.get(k, 0) for k in COUNTERS + COSTS}
         tokens = None
         if self.robot_s > 0 and final.get("chunks_added"):
             tokens = round(self.aggregator.next_seq / self.robot_s * final["tokens_added"]
@@ -1034,7 +1091,14 @@ class Soak:
                        "max_s": restarts[-1] if restarts else None,
                        "rebuild_s_max": max((r["rebuild_s"] for r in self.host_restarts),
                                             default=None),
-                       "first_start_s": round(self.first_ready.get("restart_s", 0.0), 2)},
+                       "first_start_s": round(self.first_ready.get("restart_s", 0.0), 2),
+                       "at_robot_h": [[r["at_robot_h"], round(r["restart_s"], 2)]
+                                      for r in self.host_restarts]},
+            hedged_queries=int(total["hedged_queries"]),
+            held_by_cause={k: round(v, 1) for k, v in self.held_by_cause.items()},
+            costs_s={"state_log_sync": round(total["log_sync_s"], 2),
+                     "state_cpu": round(total["cpu_s"], 1),
+                     "supervisor_cpu": round(time.process_time(), 1)},
             ttft=ttft_figures(ttfts), state_equals_log=None if check is None else check["equal"],
             host_exits_unexpected=self.host_exits_unexpected, audit_examples=audit.examples,
             tokens_per_robot_s=tokens, log_fs=self.fs.describe,

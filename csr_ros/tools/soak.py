@@ -14,7 +14,6 @@ every fault recovered and the state equals the state rebuilt from its chunk log.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -67,6 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"a decision slower than this holds robot time: the state does not "
                              f"keep up (default {d.keep_up_s:g})")
     stream.add_argument("--query-timeout-s", type=float, default=d.query_timeout_s)
+    stream.add_argument("--hedge-after-s", type=float, default=d.hedge_after_s,
+                        help=f"a decision not answered by then is asked on the secondary too, "
+                             f"where it holds a consistent state; 0: never (default "
+                             f"{d.hedge_after_s:g})")
+    stream.add_argument("--stale-after-s", type=float, default=d.stale_after_s,
+                        help=f"the robot's watchdog: no decision for this long holds the safe "
+                             f"action; the report's bound on ticks without a decision per fault "
+                             f"(default {d.stale_after_s:g})")
     stream.add_argument("--op-timeout-s", type=float, default=d.op_timeout_s)
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, default=None, help="write the figures here")
@@ -76,12 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = from_args(SoakSettings, args)
-    summary = run_soak(settings, plot=args.plot)
+    summary = run_soak(settings, plot=args.plot, json_path=args.json)
     print(format_report(summary))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(summary.as_json(), indent=1) + "\n")
-        print(f"wrote {args.json}", file=sys.stderr)
-    if args.plot:
-        print(f"wrote {args.plot}", file=sys.stderr)
+    for path in (args.json, args.plot):
+        if path:
+            print(f"wrote {path}", file=sys.stderr)
     return 0 if summary.ok else 1
