@@ -660,8 +660,7 @@ class PolicyNode(ManagedNode):
             answer.on_token(n_tokens)
 
         def call():
-            with self.lock:
-                resource = self._http_resource(url, name, int(request.version))
+            resource = self._http_resource(url, name, int(request.version))
             resource.temperature = temperature  # a run-time parameter: from this query on
             result = resource.query(request, max_new_tokens=answer.max_new_tokens,
                                     constraint=answer.constraint, on_token=on_token)
@@ -703,18 +702,23 @@ class PolicyNode(ManagedNode):
         another version's, so a fresh client starts from the server's cache state."""
         from csr_ros.resources.factory import make_resource
 
-        cached = self.http_resources.get(url)
+        with self.lock:
+            cached = self.http_resources.get(url)
+            p = self.params
         if cached is not None and cached[0] == version:
             return cached[1]
-        if cached is not None:
-            cached[1].close()
-        p = self.params
+        # Not under the node's lock: connecting asks the server's health, which a hung
+        # server answers only at the timeout, and the executor's callbacks need that lock.
         resource = make_resource("openai", url=url, name=name,
                                  model=p["resource.served_model"] or None,
                                  tokenizer=self.tokenizer, model_dir=self.model_dir,
                                  max_context_tokens=p["context_tokens"], robot_id=self.robot_id,
                                  read_timeout_s=p["resource.timeout_s"])
-        self.http_resources[url] = (version, resource)
+        with self.lock:
+            replaced = self.http_resources.get(url)
+            self.http_resources[url] = (version, resource)
+        if replaced is not None:
+            replaced[1].close()
         return resource
 
     def _decision(self, request, result, ttft_s: float, answer: "_Answer") -> PolicyDecision:
