@@ -163,3 +163,31 @@ def test_a_worker_started_again_during_background_work_stays_in_the_background(s
         assert resource.apply(_torch_threads_here) == 2
     finally:
         resource.close()
+
+
+def test_a_busy_worker_is_set_to_background_after_its_call_without_the_caller_waiting(state):
+    """A caller that holds its own lock (the reconciler's) must not wait for a stopped
+    worker's call to end: the threads are set once the call is over."""
+    import os
+    import signal
+    import threading
+
+    from csr_ros.resources.process import ProcessResource
+    from support.waiting import wait_for
+
+    resource = ProcessResource("local", name="w4", threads=2, background_threads=1,
+                               max_context_tokens=1024)
+    try:
+        os.kill(resource.pid, signal.SIGSTOP)           # a stall: its call cannot end
+        call = threading.Thread(target=resource.load, args=(state.static_ids,))
+        call.start()
+        wait_for(lambda: resource._lock.locked(), what="the load to hold the worker")
+        resource.set_background(True)                   # returns while the call hangs
+        assert call.is_alive(), "set_background came back before the stopped call ended"
+        os.kill(resource.pid, signal.SIGCONT)
+        call.join(120)
+        assert not call.is_alive() and resource.n_committed == state.n_static
+        assert resource.apply(_torch_threads_here) == 1, "set right after the call"
+        assert os.getpriority(os.PRIO_PROCESS, resource.pid) == resource.background_nice
+    finally:
+        resource.close()

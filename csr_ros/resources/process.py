@@ -31,6 +31,7 @@ even in the middle of a computation: nothing is left running for a person to cle
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -100,7 +101,7 @@ class ProcessResource:
 
     def load(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
              timeout_s: float | None = None) -> PrefillResult:
-        with self._lock:
+        with self._busy():
             self._revive_locked()
             return self._call_locked("load", (tuple(ids), text), {"version": version},
                                      timeout_s)
@@ -121,7 +122,7 @@ class ProcessResource:
         if on_text is None:
             result = self.call("query", request, timeout_s=timeout_s, **kwargs)
         else:
-            with self._lock:
+            with self._busy():
                 result = self._call_locked("query", (request,), {**kwargs, "on_text": _STREAM},
                                            timeout_s, on_text=on_text)
         if on_token is not None:
@@ -130,8 +131,21 @@ class ProcessResource:
 
     def call(self, path: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         """Call (or read) `path` on the child's resource, e.g. `call("engine.snapshot")`."""
-        with self._lock:
+        with self._busy():
             return self._call_locked(path, args, kwargs, timeout_s)
+
+    @contextlib.contextmanager
+    def _busy(self):
+        """The lock for one call; then the threads set_background asked for meanwhile."""
+        with self._lock:
+            try:
+                yield
+            finally:
+                if self.alive and self._threads_differ(self._wanted[1]):
+                    try:
+                        self._set_threads_locked(self._wanted[1])
+                    except ResourceUnavailableError:
+                        pass            # died in its call: its next start takes _wanted
 
     def set_background(self, background: bool, *, few_threads: bool | None = None) -> None:
         """Run the child at low CPU priority (background work) or normal priority, and with
@@ -145,9 +159,16 @@ class ProcessResource:
         self._wanted = (background, few)
         if not self.alive:
             return
-        if self._threads_differ(few):   # the lock only for a change: a busy child holds it
-            with self._lock:
+        # Never waits for the lock: a busy child holds it for its whole call (a stopped one for
+        # its timeout), and the caller may hold its own lock. A busy child gets its threads
+        # set right after its call (_busy), a dead one at its next start.
+        if self._threads_differ(few) and self._lock.acquire(blocking=False):
+            try:
                 self._set_threads_locked(few)
+            except ResourceUnavailableError:
+                pass
+            finally:
+                self._lock.release()
         self._set_priority(background)
 
     def _set_priority(self, background: bool) -> None:
@@ -191,7 +212,7 @@ class ProcessResource:
     def apply(self, func: Callable[..., Any], *args: Any, timeout_s: float | None = None,
               **kwargs: Any) -> Any:
         """Run `func(resource, *args, **kwargs)` in the child (`func` must be importable)."""
-        with self._lock:
+        with self._busy():
             return self._call_locked(func, args, kwargs, timeout_s)
 
     def revive(self) -> bool:
