@@ -123,3 +123,77 @@ def test_a_short_soak_with_every_fault_kind_loses_nothing_and_recovers_from_each
         assert {"start", "end"} <= set(summary["open_fds"][role])
     kill_host = next(f for f in faults if f["kind"] == "kill_host")
     assert kill_host["extra"]["orphan_workers"] == [], "the killed process's workers are gone"
+
+
+_CLEAN_UP_AFTER_A_HOLDER = r"""
+import json, subprocess, sys
+from pathlib import Path
+from csr_ros.soak.faults import LogFileSystem
+from csr_ros.soak.supervisor import _clean_up
+
+run_dir, keep = Path(sys.argv[1]), sys.argv[2] == "keep"
+fs = LogFileSystem.mount(run_dir / "logfs", size_mb=4)
+(run_dir / "logfs" / "chunklog").mkdir()
+(run_dir / "logfs" / "chunklog" / "000000000000.seg").write_bytes(b"records")
+# a state's process killed a moment ago: it still holds the file system for a second
+holder = subprocess.Popen(["sleep", "1"], cwd=run_dir / "logfs")
+problems = _clean_up(run_dir, keep=keep)
+holder.wait()
+print(json.dumps({"mode": fs.mode, "problems": problems, "exists": run_dir.exists(),
+                  "kept": sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.seg"))
+                  if run_dir.exists() else []}))
+"""
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_soak_cleans_up_its_tmpfs_once_the_last_holder_is_gone(tmp_path, keep):
+    """The end of a soak after kill_host or disk_full: a process that still holds the log's
+    file system for a moment does not make the clean-up fail (EBUSY); a kept run keeps the
+    log's files in its directory once the tmpfs is gone. In a subprocess: mounting unshares
+    the mount namespace of the process that does it."""
+    if os.geteuid() != 0:
+        pytest.skip("a private tmpfs needs root; the soak then uses a plain directory")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    done = subprocess.run([sys.executable, "-c", _CLEAN_UP_AFTER_A_HOLDER, str(run_dir),
+                           "keep" if keep else "remove"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["mode"] == "tmpfs" and out["problems"] == []
+    if keep:
+        assert out["kept"] == ["logfs/chunklog/000000000000.seg"]
+        assert not os.path.ismount(run_dir / "logfs")
+    else:
+        assert out["exists"] is False
+
+
+@pytest.mark.slow
+def test_a_soak_stopped_by_ctrl_c_ends_its_day_early_and_still_writes_its_summary(tmp_path):
+    import signal
+
+    out = tmp_path / "soak.json"
+    argv = [sys.executable, "-m", "csr_ros.cli", "soak", "--faults", "none",
+            "--robot-hours", "24", "--speedup", "5", "--seed", "2", "--threads", "1",
+            "--rate-hz", "1", "--json", str(out)]
+    soak = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        seen = []
+        for line in soak.stderr:
+            seen.append(line)
+            if "decisions 3 " in line or "decisions 4 " in line:
+                break
+        else:
+            raise AssertionError("".join(seen[-40:]))
+        soak.send_signal(signal.SIGINT)
+        report, rest = soak.communicate(timeout=300)
+        assert soak.returncode in (0, 1), rest[-3000:]
+    finally:
+        if soak.poll() is None:
+            soak.kill()
+    summary = json.loads(out.read_text())
+    assert summary["ended_early"].startswith("SIGINT at robot-hour"), summary["ended_early"]
+    assert 0 < summary["robot_hours"] < 24 and summary["decisions"] >= 3
+    assert summary["chunks_lost"] == 0 and summary["state_equals_log"] is True
+    assert "ENDED EARLY" in report and "Traceback" not in rest

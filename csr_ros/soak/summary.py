@@ -136,6 +136,7 @@ class SoakSummary:
     held_by_cause: dict = field(default_factory=dict)   # wall seconds held, per cause
     costs_s: dict = field(default_factory=dict)         # CPU and fsync seconds of the run
     notes: list[str] = field(default_factory=list)
+    ended_early: str = ""           # a stop before robot_hours: the signal and robot-hour
 
     @property
     def ticks_without_decision(self) -> dict:
@@ -197,6 +198,8 @@ def format_report(s: SoakSummary) -> str:
         f"  faults {len(s.faults)}, recovered {recovered}; state equals the state rebuilt "
         f"from the chunk log: {s.state_equals_log}; unexpected exits of the state's process "
         f"{s.host_exits_unexpected}"]
+    if s.ended_early:
+        lines.insert(1, f"  ENDED EARLY ({s.ended_early}): the figures are for the robot time run")
     if s.faults:
         lines.append(
             f"  ticks without a decision, the longest run per fault kind (stale_after_s "

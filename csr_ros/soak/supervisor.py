@@ -264,6 +264,7 @@ class Soak:
         self.generation = 0
         self.host_exits_expected = 0         # kills the faults made
         self.host_exits_unexpected = 0
+        self.ended_early = ""             # why the run ended before robot_hours, if it did
         self.host_restarts: list[dict] = []  # the "ready" of every process after the first
         self.first_ready: dict = {}
         self.status: dict = {}
@@ -298,8 +299,19 @@ class Soak:
 
     # -- the run -------------------------------------------------------------------------------
 
+    def _end_early(self, signum, frame) -> None:
+        """The first Ctrl-C or SIGTERM ends the robot's day where it is, with its summary
+        (the last fault recovers first); a second one stops at once, as Ctrl-C does."""
+        if self.ended_early:
+            _interrupt(signum, frame)
+        self.ended_early = (f"{signal.Signals(signum).name} at robot-hour "
+                            f"{self.robot_s / 3600.0:.2f} of {self.s.robot_hours:g}")
+        # os.write, not print: a handler may run inside a print of the main thread
+        os.write(2, f"ending early ({self.ended_early}); again to stop at once\n".encode())
+
     def run(self) -> SoakSummary:
-        previous = signal.signal(signal.SIGTERM, _interrupt)   # a stop cleans up as Ctrl-C
+        previous = {sig: signal.signal(sig, self._end_early)
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._start_servers()
             self.host_config = self._host_config()
@@ -315,7 +327,8 @@ class Soak:
                 thread.join(self.s.recovery_timeout_s + 60)
             final, check = self._drain_and_stop()
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             self.stop.set()
             if self.host is not None and self.host.running:
                 self.host.kill()
@@ -383,8 +396,8 @@ class Soak:
         last_wall = time.monotonic()
         next_probe = next_progress = last_wall
         window = (last_wall, self.robot_s)
-        while (self.robot_s < self.s.robot_s and not self._faults_done()) or \
-                self._fault_running():
+        while (self.robot_s < self.s.robot_s and not self._faults_done() and
+               not self.ended_early) or self._fault_running():
             now = time.monotonic()
             dt = now - last_wall
             last_wall = now
@@ -1100,7 +1113,7 @@ class Soak:
                      "state_cpu": round(total["cpu_s"], 1),
                      "supervisor_cpu": round(time.process_time(), 1)},
             ttft=ttft_figures(ttfts), state_equals_log=None if check is None else check["equal"],
-            host_exits_unexpected=self.host_exits_unexpected, audit_examples=audit.examples,
+            host_exits_unexpected=self.host_exits_unexpected, ended_early=self.ended_early, audit_examples=audit.examples,
             tokens_per_robot_s=tokens, log_fs=self.fs.describe,
             load_average={"mean": round(sum(load) / len(load), 2) if load else None,
                           "max": round(max(load), 2) if load else None},
