@@ -54,7 +54,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from csr_ros.errors import ActionParseError, ActionSpecError
 from csr_ros.range_grammar import range_gbnf
@@ -195,17 +195,6 @@ class ChoiceScores:
     def best(self) -> int:
         return max(range(len(self.options)), key=self.logprobs.__getitem__)
 
-    @property
-    def margin(self) -> float:
-        """Log-probability gap between the best and the second-best option (inf if one)."""
-        ranked = sorted(self.logprobs, reverse=True)
-        return ranked[0] - ranked[1] if len(ranked) > 1 else float("inf")
-
-
-class ChoiceScorer(Protocol):
-    """A backend that scores closed options from its cached state instead of decoding them."""
-
-    def score_choices(self, request, options: Sequence[str]) -> ChoiceScores: ...
 
 
 @dataclass(frozen=True)

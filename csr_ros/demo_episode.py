@@ -170,16 +170,3 @@ class Episode:
         if room != goal_room:
             return f"go_to({goal_room})", "succeeded", goal_room
         return f"place({held})", "succeeded", room
-
-
-def parse_action(answer: str, n_actions: int) -> int | None:
-    """The 1-based action number in a model's answer, or None if it names none."""
-    digits = ""
-    for ch in answer.strip():
-        if ch.isdigit():
-            digits += ch
-        elif digits:
-            break
-    if digits and 1 <= int(digits) <= n_actions:
-        return int(digits)
-    return None

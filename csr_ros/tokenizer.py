@@ -77,10 +77,6 @@ class HFTokenizer:
     def encode_data(self, text: str) -> list[int]:
         return self._data.encode(text, add_special_tokens=False).ids
 
-    def encode_data_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        encoding = self._data.encode(text, add_special_tokens=False)
-        return encoding.ids, encoding.offsets
-
     def encode_template(self, text: str) -> list[int]:
         return self._template.encode(text, add_special_tokens=False).ids
 

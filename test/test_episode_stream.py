@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from csr_ros.demo_episode import Episode, parse_action
+from csr_ros.demo_episode import Episode
 
 
 def take(episode: Episode, n: int):
@@ -36,11 +36,3 @@ def test_the_profile_lists_every_action_with_its_number():
     episode = Episode(0)
     for n, action in enumerate(episode.actions, 1):
         assert f"{n}. {action}" in episode.profile()
-
-
-def test_parse_action_reads_the_first_number_in_range():
-    assert parse_action("3", 8) == 3
-    assert parse_action(" 7. pick", 8) == 7
-    assert parse_action("action 2 then 5", 8) == 2
-    assert parse_action("9", 8) is None
-    assert parse_action("none", 8) is None

@@ -48,7 +48,7 @@ def test_a_callback_fault_is_an_error_on_diagnostics_for_30_s_and_stays_counted(
 def test_a_failed_transition_is_an_error_with_its_reason_until_a_later_one_succeeds():
     record = TransitionRecord()
     assert record.level_message() == (WARN, "unconfigured: waiting for a configure transition")
-    record.failed("configure", "unconfigured", "policy: rate_hz must be > 0, got 0.0", now_s=1.0)
+    record.failed("configure", "unconfigured", "policy: rate_hz must be > 0, got 0.0")
     assert record.level_message() == (ERROR, "configure failed: policy: rate_hz must be > 0, got "
                                              "0.0 (the node is unconfigured)")
     assert ("failed_reason", "policy: rate_hz must be > 0, got 0.0") in record.values()

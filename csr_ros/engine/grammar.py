@@ -90,7 +90,6 @@ class GrammarConstraint:
         self.vocab_size = vocab_size
         self.mask_s = 0.0
         self.n_masks = 0
-        self.violations = 0
 
     def allowed(self, n_vocab: int) -> np.ndarray:
         """[n_vocab] bool: the tokens the grammar allows next (none past the tokenizer's
@@ -114,6 +113,5 @@ class GrammarConstraint:
 
     def accept(self, token: int) -> bool:
         if not self.matcher.consume_token(int(token)):
-            self.violations += 1                 # cannot happen with the mask applied
-            return True
+            return True                          # cannot happen with the mask applied
         return self.matcher.is_stopped()

@@ -162,10 +162,6 @@ class MemoryMethod:
         self.seen.update((c.source, c.stamp_ns) for c in chunks)
         return chunks
 
-    @property
-    def last_n_chunks(self) -> int:
-        return len(self.last_chunks)
-
     def select(self, question: str) -> list[Chunk]:
         raise NotImplementedError
 

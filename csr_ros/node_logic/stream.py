@@ -459,7 +459,3 @@ def refused_text(event: ChunkEvent) -> str:
 def lost_text(seq: int) -> str:
     return f"[chunk {seq} lost]"
 
-
-def chunk_events(chunks: Sequence[Chunk]) -> list[ChunkEvent]:
-    return [ChunkEvent(seq=int(c.seq), source=c.source, stamp_ns=c.stamp_ns, text=c.text)
-            for c in chunks]

@@ -2,7 +2,7 @@
 failed last with the reason, until a later one succeeds.
 
     record = TransitionRecord()
-    record.failed("configure", "unconfigured", "policy: rate_hz must be > 0, got 0.0", now_s=3.0)
+    record.failed("configure", "unconfigured", "policy: rate_hz must be > 0, got 0.0")
     record.level_message()   # (ERROR, 'configure failed: policy: rate_hz must be > 0, got 0.0
                              #  (the node is unconfigured)')
 
@@ -26,17 +26,16 @@ class TransitionRecord:
     state: str = "unconfigured"
     failed_transition: str = ""
     reason: str = ""
-    failed_s: float | None = None
     transitions: int = 0
 
     def succeeded(self, transition: str, state: str) -> None:
         self.state, self.transitions = state, self.transitions + 1
-        self.failed_transition, self.reason, self.failed_s = "", "", None
+        self.failed_transition, self.reason = "", ""
 
-    def failed(self, transition: str, state: str, reason: str, now_s: float) -> None:
+    def failed(self, transition: str, state: str, reason: str) -> None:
         """`transition` did not complete; the node is now in `state`."""
         self.state, self.transitions = state, self.transitions + 1
-        self.failed_transition, self.reason, self.failed_s = transition, reason, now_s
+        self.failed_transition, self.reason = transition, reason
 
     def level_message(self) -> tuple[int, str] | None:
         """ERROR with the reason while the last transition failed; WARN while the node is not

@@ -350,7 +350,7 @@ class ManagedNode(GuardedCallbacks, LifecycleNode):
 
     def _failed(self, name: str, state: str, exc: CsrError) -> None:
         self.transition_error = exc
-        self.record.failed(name, state, str(exc), time.monotonic())
+        self.record.failed(name, state, str(exc))
         self.get_logger().error(f"{name} failed, the node is {state}: {exc}")
 
     def give_up(self, exc: CsrError) -> None:

@@ -18,7 +18,7 @@ their own way, e.g. an HTTP read timeout). What else a resource can do it declar
 `capabilities`; callers read the flags, they never probe for attributes:
 
     flag            what the resource then has                                  who
-    score_choices   score_choices(request, options) (actions.ChoiceScorer)      local
+    score_choices   score_choices(request, options) -> actions.ChoiceScores      local
     echo_logprobs   info, check_health(), prompt_of(request),                   openai
                     choice_logprobs(prompt, choices), echo_logprobs(prompt, text)
     capsules        engine: an in-process csr_ros.engine.Engine (snapshot,      local

@@ -145,7 +145,7 @@ class LocalResource:
                            mask_s=0.0 if token_constraint is None else token_constraint.mask_s)
 
     def score_choices(self, request: Request, options: Sequence[str]) -> ChoiceScores:
-        """Every option's log-probability from the cached state (ChoiceScorer)."""
+        """Every option's log-probability from the cached state."""
         with self._lock:
             ids, scores = self._score(request, options, self._n_committed_below(request))
         return ChoiceScores(options=tuple(options), logprobs=scores.logprobs,

@@ -91,7 +91,6 @@ class Aggregator:
         self.emitter = Emitter(traffic.sources.values())
         self.by_topic = {topic: s.name for topic, s in traffic.sources.items()}
         self.next_seq = 0
-        self.tokens_hint = 0                   # characters sent (for the progress line)
         self.ring: collections.deque[ChunkEvent] = collections.deque(maxlen=ring_chunks)
         self.robot_s = 0.0
         self.time_jumps = 0
@@ -165,7 +164,6 @@ class Aggregator:
         self._sent.write(SENT_RECORD.pack(text_crc(event.text), int(malformed)))
         self.ring.append(event)
         self.next_seq += 1
-        self.tokens_hint += len(event.text)
         return event
 
 
