@@ -7,7 +7,6 @@ nothing is mocked.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -53,11 +52,11 @@ def test_server_killed_mid_stream_raises_a_clear_error_loses_nothing_and_recover
 
     killer = threading.Timer(1.5, server.kill)     # the prefix is warm: tokens are streaming by then
     killer.start()
-    started = time.monotonic()
+    # "broke after N streamed pieces": the stream ended by the kill, not by 4000 tokens
+    # decoded, which a wall-clock bound could only tell on a machine of known speed
     with pytest.raises(ResourceUnavailableError, match="broke after .* streamed pieces"):
         resource.query(state.build_request(task=TASK), max_new_tokens=4000)
     killer.join()
-    assert time.monotonic() - started < 60
     assert snapshot(state) == before                 # nothing in the CsrState is lost
     assert resource.n_committed == n_committed       # a failed query commits nothing
 
