@@ -179,11 +179,14 @@ def test_a_busy_worker_is_set_to_background_after_its_call_without_the_caller_wa
                                max_context_tokens=1024)
     try:
         os.kill(resource.pid, signal.SIGSTOP)           # a stall: its call cannot end
-        call = threading.Thread(target=resource.load, args=(state.static_ids,))
+        call = threading.Thread(target=resource.load, args=(state.static_ids,), daemon=True)
         call.start()
         wait_for(lambda: resource._lock.locked(), what="the load to hold the worker")
-        resource.set_background(True)                   # returns while the call hangs
-        assert call.is_alive(), "set_background came back before the stopped call ended"
+        asked = threading.Thread(target=resource.set_background, args=(True,), daemon=True)
+        asked.start()
+        asked.join(60)        # the stopped call never ends: waiting for it would never return
+        assert not asked.is_alive(), "set_background waited for the stopped worker's call"
+        assert call.is_alive(), "the stopped call ended before SIGCONT"
         os.kill(resource.pid, signal.SIGCONT)
         call.join(120)
         assert not call.is_alive() and resource.n_committed == state.n_static

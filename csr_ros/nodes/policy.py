@@ -704,9 +704,9 @@ class PolicyNode(ManagedNode):
 
         with self.lock:
             cached = self.http_resources.get(url)
-            p = self.params
         if cached is not None and cached[0] == version:
             return cached[1]
+        p = self.params
         # Not under the node's lock: connecting asks the server's health, which a hung
         # server answers only at the timeout, and the executor's callbacks need that lock.
         resource = make_resource("openai", url=url, name=name,

@@ -141,11 +141,16 @@ class ProcessResource:
             try:
                 yield
             finally:
-                if self.alive and self._threads_differ(self._wanted[1]):
-                    try:
-                        self._set_threads_locked(self._wanted[1])
-                    except ResourceUnavailableError:
-                        pass            # died in its call: its next start takes _wanted
+                if self.alive:
+                    self._threads_as_wanted_locked()
+
+    def _threads_as_wanted_locked(self) -> None:
+        """The threads set_background last asked for; a child that died meanwhile gets them
+        at its next start."""
+        try:
+            self._set_threads_locked(self._wanted[1])
+        except ResourceUnavailableError:
+            pass
 
     def set_background(self, background: bool, *, few_threads: bool | None = None) -> None:
         """Run the child at low CPU priority (background work) or normal priority, and with
@@ -164,9 +169,7 @@ class ProcessResource:
         # set right after its call (_busy), a dead one at its next start.
         if self._threads_differ(few) and self._lock.acquire(blocking=False):
             try:
-                self._set_threads_locked(few)
-            except ResourceUnavailableError:
-                pass
+                self._threads_as_wanted_locked()
             finally:
                 self._lock.release()
         self._set_priority(background)
