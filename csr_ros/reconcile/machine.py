@@ -14,8 +14,9 @@ Algorithm 1 of the CSR paper, with concurrent queries routed by version:
   loaded with X_E while the primary keeps serving the full current state. Chunks arriving
   meanwhile go to the active state and to the catch-up buffer.
 - Catch-up extends the secondary with the whole buffer while it holds more than
-  `n_catchup_tokens`; then the swap is atomic: the remaining buffer is folded into the new state
-  (the first query after the swap prefills it), and the old primary keeps the old version for
+  `n_catchup_tokens` and the last step shrank it (a stream faster than the secondary's catch-up
+  swaps with what arrived during one step left over); then the swap is atomic: the remaining
+  buffer is folded into the new state (the first query after the swap prefills it), and the old primary keeps the old version for
   stragglers until the next cycle, which waits for them to finish before reloading it.
 - A threshold crossing during a reconciliation is never lost: the check runs again after the
   swap, so it starts the next cycle at once.
@@ -245,6 +246,7 @@ class Counters:
     hedged_queries: int = 0            # asked on the secondary for a slow or failed primary
     chunks_in: int = 0
     catchup_steps: int = 0
+    catchup_cut_short: int = 0         # swaps with more than n_catchup left: it did not shrink
 
 
 class SeqRuns:
@@ -366,6 +368,7 @@ class Reconciliation:
         self._arrival: _Rate = _Rate(config.rate_halflife_s)
         self._warm_rate: float | None = None
         self._catchup_rate: float | None = None
+        self._catchup_step_tokens: int | None = None   # the last catch-up step's, this cycle
         self._prefill_tokens = 0               # every successful load/extend, for capacity()
         self._prefill_s = 0.0
 
@@ -704,7 +707,7 @@ class Reconciliation:
         if ev.op_id in self._eager_ops:
             name, version = self._eager_ops.pop(ev.op_id)
             if ev.ok:
-                return []
+                return self._eager_extend()      # what arrived meanwhile, in one extend
             if name == self.primary:     # a reload queued behind it, if any, recovers it
                 return self._primary_failed(f"extending {name} (v{version}) failed", ev.now_s)
             self.slots[name].holds = None
@@ -770,6 +773,7 @@ class Reconciliation:
                                   reload=self.config.mode == "sync")
         self.pending = self._derive(n_drop)
         self.buffer = []
+        self._catchup_step_tokens = None
         self.phase = Phase.DRAIN
         return self._try_warm(now_s)
 
@@ -789,7 +793,16 @@ class Reconciliation:
                      timeout_s=self.config.warm_timeout_s, text=_text_of(self.pending))]
 
     def _catch_up_or_swap(self, now_s: float) -> list[Command]:
-        if self.buffer_tokens > self.config.n_catchup_tokens:
+        """Another catch-up step while the buffer holds more than `n_catchup_tokens` and shrank
+        in the last step; else the swap. Where the stream brings more tokens during a step than
+        the step took (a fast stream on a busy secondary), more steps cannot catch up: the rest
+        (what arrived during one step) goes to the new primary, as the first query's prefill,
+        instead of the context filling up into a fallback."""
+        shrinking = self._catchup_step_tokens is None or \
+            self.buffer_tokens < self._catchup_step_tokens
+        if self.buffer_tokens > self.config.n_catchup_tokens and not shrinking:
+            self.counters.catchup_cut_short += 1
+        elif self.buffer_tokens > self.config.n_catchup_tokens:
             chunks, self.buffer = self.buffer, []
             ids: list[int] = []
             for chunk in chunks:
@@ -798,6 +811,7 @@ class Reconciliation:
             slot = self.slots[self.secondary]
             self._warm_op = op_id = next(self._op_ids)
             slot.ops.add(op_id)
+            self._catchup_step_tokens = len(ids)
             return [Extend(op_id=op_id, resource=slot.name, version=self.pending.version,
                            ids=tuple(ids), first_seq=chunks[0].seq, last_seq=chunks[-1].seq,
                            timeout_s=self.config.warm_timeout_s,
@@ -809,7 +823,7 @@ class Reconciliation:
         self.previous = self.active        # what the old primary holds, for hedged queries
         committed_ids = tuple(new.static_ids)
         new.mark_prefilled()               # i* of the next query is measured against this
-        for chunk in self.buffer:          # the last <= n_catchup tokens: the next query prefills
+        for chunk in self.buffer:          # what catch-up left: the new primary prefills it
             new.append(chunk)
         self.pending, self.buffer = None, []
         self.phase = Phase.IDLE
@@ -917,11 +931,16 @@ class Reconciliation:
                      timeout_s=self.config.warm_timeout_s, text=_text_of(self.active))]
 
     def _eager_extend(self) -> list[Command]:
-        """Prefill chunks the primary does not hold yet, while it has no query to answer."""
+        """Prefill chunks the primary does not hold yet, while it has no query to answer.
+
+        One such extend at a time: chunks that arrive while it runs go in the next one, so a
+        fast stream costs one call per extend, not one per chunk, and never queues up behind
+        the primary's queries."""
         slot = self.slots[self.primary]
         if not self.config.eager_extend or self.config.mode == "unordered" or slot.inflight \
                 or slot.failed or slot.holds != self.active.version \
-                or self._primary_retry_timer is not None:
+                or self._primary_retry_timer is not None \
+                or (slot.name, self.active.version) in self._eager_ops.values():
             return []
         n_issued = self._primary_issued_tokens
         if n_issued >= self.active.n_static:

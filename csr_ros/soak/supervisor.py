@@ -443,12 +443,12 @@ class Soak:
         """Under the lock: why robot time is held now (HELD_CAUSES)."""
         if self._fault_running():
             return "fault_recovery"
-        if self.status.get("phase", "idle") != "idle" or self.status.get("at_risk"):
-            return "warm_up"
+        if self.status.get("at_risk"):
+            return "warm_up"                 # R2's reconciliation would not end before the limit
         if self.last_latency_s > self.s.keep_up_s or (
                 self.outstanding is not None and now - self.outstanding_since > self.s.keep_up_s):
             return "decisions"
-        return "primary_queue"
+        return "primary_queue"               # calls queued on the primary: its extends
 
     def _faults_done(self) -> bool:
         """`max_faults` faults were injected and each is behind (recovered or given up)."""
