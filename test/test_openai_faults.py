@@ -81,6 +81,44 @@ def test_a_server_slower_than_the_read_timeout_gives_a_timeout_error(fresh_llama
     resource.close()
 
 
+def test_a_prefill_given_a_longer_deadline_than_the_read_timeout_waits_for_it(fresh_llama_server):
+    """The reconciler's deadline for a warm-up follows its estimate of it; a server stopped for
+    three read timeouts still finishes the load once it resumes, while a load without that
+    deadline gives up after one (and a server that drops a gone client's work never would)."""
+    import os
+    import signal
+    import time
+
+    server = fresh_llama_server
+    resource = OpenAIResource(OpenAIOptions(server.url, read_timeout_s=1.0, retries=0))
+    small, state = robot_state(resource, 20), robot_state(resource, 300)
+    resource.load(small.static_ids, small.static_text)       # the server is checked and warm
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(ResourceTimeoutError):
+            resource.load(state.static_ids, state.static_text)
+        done: dict = {}
+
+        def load():
+            try:
+                done["result"] = resource.load(state.static_ids, state.static_text,
+                                               timeout_s=300.0)
+            except Exception as exc:          # the assertion below names it
+                done["error"] = exc
+
+        loader = threading.Thread(target=load, daemon=True)
+        loader.start()
+        time.sleep(3.0)                       # three read timeouts with the server stopped
+        assert loader.is_alive() and not done, f"the load gave up early: {done}"
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    loader.join(300)
+    assert "error" not in done, done.get("error")
+    assert done["result"].n_committed == len(state.static_ids)
+    assert resource.n_committed == len(state.static_ids)
+    resource.close()
+
+
 def test_a_server_that_comes_back_within_the_retries_answers_the_call(fresh_llama_server):
     server = fresh_llama_server
     resource = OpenAIResource(OpenAIOptions(server.url, retries=6, backoff_s=0.25))

@@ -578,3 +578,65 @@ def test_a_query_late_through_a_swap_is_asked_again_on_the_new_primary():
     again = _route(machine.handle(QueryStalled(late.request.query_id, task="next?")))
     assert again.resource == "r1" and again.request.version == machine.active.version
     assert machine.slots["r2"].suspect and machine.counters.hedged_queries == 1
+
+
+def _chunk_in(machine: Reconciliation, text: str = "imu yaw 0.25 rad") -> list:
+    (chunk,) = machine.active.make_chunks(text, source="s", stamp_ns=0)
+    return machine.handle(ChunkArrived(chunk))
+
+
+def test_chunks_that_arrive_while_the_primary_extends_go_in_one_next_extend():
+    config = ReconcileConfig(tau_mem_tokens=1000, max_context_tokens=2000, reserve_tokens=48)
+    machine = _started(config)
+    (first,) = [c for c in _chunk_in(machine) if isinstance(c, Extend)]
+    n_static_before = machine.active.n_static
+    for _ in range(5):
+        assert not [c for c in _chunk_in(machine) if isinstance(c, Extend)], \
+            "no second extend queued behind the running one"
+    (batch,) = [c for c in machine.handle(OpFinished(first.op_id, True)) if isinstance(c, Extend)]
+    assert batch.resource == "r1" and batch.last_seq - batch.first_seq == 4
+    assert len(batch.ids) == machine.active.n_static - n_static_before, \
+        "the five chunks that came meanwhile, in one call"
+    assert machine.handle(OpFinished(batch.op_id, True)) == [], "nothing is left to extend"
+
+
+def test_a_catch_up_that_no_longer_shrinks_the_buffer_swaps_with_what_arrived_during_one_step():
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=2000, reserve_tokens=48,
+                             n_catchup_tokens=0, eager_extend=False)
+    machine = _started(config)
+    commands = _fill(machine, "odometry x=1.00 y=2.00", lambda: machine.reconciling)
+    (warm,) = [c for c in commands if isinstance(c, Load) and c.purpose == "warm"]
+    for _ in range(3):
+        _chunk_in(machine)
+    commands = machine.handle(OpFinished(warm.op_id, True, n_tokens=len(warm.ids), seconds=1.0))
+    (step,) = [c for c in commands if isinstance(c, Extend)]
+    for _ in range(3):                 # as much arrives during the step as the step took
+        _chunk_in(machine)
+    assert machine.buffer_tokens == len(step.ids)
+    commands = machine.handle(OpFinished(step.op_id, True, n_tokens=len(step.ids), seconds=1.0))
+    assert [c.reason for c in commands if isinstance(c, VersionChanged)] == ["swap"]
+    assert machine.counters.catchup_cut_short == 1 and machine.counters.fallbacks == 0
+    assert machine.primary == "r2"
+    # what the step did not catch up is in the new state, for its first query's prefill
+    assert [c.seq for c in machine.active.chunks][-3:] == list(
+        range(int(machine.active.next_seq) - 3, int(machine.active.next_seq)))
+
+
+def test_a_warm_up_timeout_follows_the_measured_prefill_rate_and_doubles_after_each_failure():
+    config = ReconcileConfig(tau_mem_tokens=100, max_context_tokens=2000, reserve_tokens=48,
+                             warm_timeout_s=30.0, eager_extend=False)
+    machine = Reconciliation(new_state(), ["r1", "r2"], config)
+    (start,) = machine.start()
+    assert start.timeout_s == 30.0, "no rate measured yet: the configured timeout"
+    # a slow server: the prefix took 20 s, so a warm-up of ~100 tokens takes longer than 30 s
+    machine.handle(OpFinished(start.op_id, True, n_tokens=len(start.ids), seconds=20.0))
+    rate = len(start.ids) / 20.0
+    commands = _fill(machine, "speech Bob: where are my keys", lambda: machine.reconciling)
+    (warm,) = [c for c in commands if isinstance(c, Load) and c.purpose == "warm"]
+    assert warm.timeout_s == pytest.approx(3.0 * len(warm.ids) / rate)
+    assert warm.timeout_s > 30.0
+    commands = machine.handle(OpFinished(warm.op_id, False))
+    (timer,) = [c for c in commands if isinstance(c, StartTimer)]
+    (retry,) = [c for c in machine.handle(TimerFired(timer.timer_id)) if isinstance(c, Load)]
+    assert retry.timeout_s == pytest.approx(2 * warm.timeout_s), \
+        "a server that dropped the first try's work gets twice as long"

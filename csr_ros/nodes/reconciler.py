@@ -300,7 +300,10 @@ class ReconcilerNode(ManagedNode):
         config = ReconcileConfig(tau_mem_tokens=p["tau_mem_tokens"],
                                  max_context_tokens=p["context_tokens"],
                                  reserve_tokens=p["reserve_tokens"],
-                                 n_catchup_tokens=p["n_catchup_tokens"])
+                                 n_catchup_tokens=p["n_catchup_tokens"],
+                                 # a server's warm-up may take longer than one HTTP request
+                                 # should: its timeout follows the measured prefill rate
+                                 warm_timeout_s=p["resource.timeout_s"])
         if p["eviction.policy"] == "oldest_fraction":
             policy = make_policy("oldest_fraction", fraction=p["eviction.fraction"])
         else:

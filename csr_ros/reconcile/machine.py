@@ -56,6 +56,8 @@ from csr_ros.eviction import EvictionPolicy, drop_oldest_fraction
 from csr_ros.state import Chunk, CsrState, QueryId, Request, Seq, Version
 
 MODES = ("asr", "sync", "unordered")
+OP_TIMEOUT_MARGIN = 3.0      # a load or extend may take this many times its estimate
+OP_TIMEOUT_DOUBLINGS = 5     # ... and its timeout doubles per failed try, up to 32x
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ class ReconcileConfig:
     mode: str = "asr"                  # asr | sync (evict on the primary) | unordered (no reuse)
     retry_base_s: float = 0.5
     retry_max_s: float = 8.0
-    warm_timeout_s: float | None = None    # a Load or Extend (any purpose) that takes longer fails
+    warm_timeout_s: float | None = None    # a Load or Extend (any purpose) that takes longer
+                                           # than this, or 3x its estimate, fails
     query_timeout_s: float | None = None   # a query not answered in this time fails (the driver)
     hedge_after_s: float | None = None     # a query not answered by then is asked again on the
                                            # secondary too, where it holds a consistent state
@@ -788,9 +791,10 @@ class Reconciliation:
         self._warm_op = op_id = next(self._op_ids)
         slot.ops.add(op_id)
         self.phase = Phase.WARM
+        ids = tuple(self.pending.static_ids)
         return [Load(op_id=op_id, resource=slot.name, version=self.pending.version,
-                     ids=tuple(self.pending.static_ids), purpose="warm",
-                     timeout_s=self.config.warm_timeout_s, text=_text_of(self.pending))]
+                     ids=ids, purpose="warm", text=_text_of(self.pending),
+                     timeout_s=self._op_timeout_s(len(ids), self._warm_failures))]
 
     def _catch_up_or_swap(self, now_s: float) -> list[Command]:
         """Another catch-up step while the buffer holds more than `n_catchup_tokens` and shrank
@@ -814,7 +818,7 @@ class Reconciliation:
             self._catchup_step_tokens = len(ids)
             return [Extend(op_id=op_id, resource=slot.name, version=self.pending.version,
                            ids=tuple(ids), first_seq=chunks[0].seq, last_seq=chunks[-1].seq,
-                           timeout_s=self.config.warm_timeout_s,
+                           timeout_s=self._op_timeout_s(len(ids), self._warm_failures),
                            text=_text_of(self.pending, chunks))]
         return self._swap(now_s)
 
@@ -926,9 +930,10 @@ class Reconciliation:
         self._primary_issued_tokens = self.active.n_static
         self._primary_op = op_id = next(self._op_ids)
         slot.ops.add(op_id)
-        return [Load(op_id=op_id, resource=slot.name, version=self.active.version,
-                     ids=tuple(self.active.static_ids), purpose=purpose,
-                     timeout_s=self.config.warm_timeout_s, text=_text_of(self.active))]
+        ids = tuple(self.active.static_ids)
+        return [Load(op_id=op_id, resource=slot.name, version=self.active.version, ids=ids,
+                     purpose=purpose, text=_text_of(self.active),
+                     timeout_s=self._op_timeout_s(len(ids), self._primary_failures))]
 
     def _eager_extend(self) -> list[Command]:
         """Prefill chunks the primary does not hold yet, while it has no query to answer.
@@ -954,7 +959,20 @@ class Reconciliation:
         self._eager_ops[op_id] = (slot.name, self.active.version)
         return [Extend(op_id=op_id, resource=slot.name, version=self.active.version, ids=ids,
                        first_seq=chunks[0].seq, last_seq=chunks[-1].seq, purpose="eager",
-                       timeout_s=self.config.warm_timeout_s, text=_text_of(self.active, chunks))]
+                       timeout_s=self._op_timeout_s(len(ids), 0),
+                       text=_text_of(self.active, chunks))]
+
+    def _op_timeout_s(self, n_tokens: int, failures: int) -> float | None:
+        """A load or extend's deadline: `warm_timeout_s`, or `OP_TIMEOUT_MARGIN` times what the
+        measured prefill rate says it takes where that is longer; doubled per failed try
+        before it. A server that drops the work of a client that gave up would otherwise never
+        finish a warm-up longer than the timeout: every retry starts it again."""
+        base_s = self.config.warm_timeout_s
+        if base_s is None:
+            return None
+        rate = self.prefill_tokens_per_s
+        estimate_s = OP_TIMEOUT_MARGIN * n_tokens / rate if rate else 0.0
+        return max(base_s, estimate_s) * 2 ** min(failures, OP_TIMEOUT_DOUBLINGS)
 
     def _first_unissued_seq(self, n_issued: int) -> Seq:
         n = len(self.active.prefix_ids)

@@ -42,17 +42,23 @@ class HttpTransport:
         self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         self.retries = retries
         self.backoff_s = backoff_s
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self.client = httpx.Client(base_url=self.url, headers=headers, trust_env=False,
                                    timeout=httpx.Timeout(read_timeout_s,
                                                          connect=connect_timeout_s),
                                    transport=transport)
 
-    def post(self, path: str, body: dict, *, stream: bool,
-             headers: dict | None = None) -> httpx.Response:
+    def post(self, path: str, body: dict, *, stream: bool, headers: dict | None = None,
+             read_timeout_s: float | None = None) -> httpx.Response:
         """POST `body` as JSON; retried only while no connection could be made. A status
-        other than 200 is raised as the error it maps to (http_errors.py)."""
-        request = self.client.build_request("POST", path, json=body, headers=headers)
+        other than 200 is raised as the error it maps to (http_errors.py). `read_timeout_s`
+        replaces the client's read timeout for this request."""
+        timeout = httpx.USE_CLIENT_DEFAULT if read_timeout_s is None else \
+            httpx.Timeout(read_timeout_s, connect=self.connect_timeout_s)
+        request = self.client.build_request("POST", path, json=body, headers=headers,
+                                            timeout=timeout)
         for attempt in range(self.retries + 1):
             try:
                 response = self.client.send(request, stream=stream)
@@ -80,9 +86,11 @@ class HttpTransport:
             raise error_from_status(response.status_code, detail, self.url)
         return response
 
-    def complete(self, path: str, body: dict, *, headers: dict | None = None) -> dict:
+    def complete(self, path: str, body: dict, *, headers: dict | None = None,
+                 read_timeout_s: float | None = None) -> dict:
         """A non-streamed answer's JSON body; an error the server put in it is raised."""
-        response = self.post(path, body, stream=False, headers=headers)
+        response = self.post(path, body, stream=False, headers=headers,
+                             read_timeout_s=read_timeout_s)
         try:
             payload = json.loads(response.read())
         except httpx.TimeoutException:

@@ -299,8 +299,10 @@ class OpenAIResource:
     def load(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
              timeout_s: float | None = None) -> PrefillResult:
         """Replace the committed run: prefill `ids` (or `text`, in text mode), decode nothing.
-        `version`: the state version of the run (its routing key behind a router). The
-        transport's read timeout bounds the call; `timeout_s` is not enforced."""
+        `version`: the state version of the run (its routing key behind a router).
+        `timeout_s` (the reconciler's deadline, which follows its estimate of the prefill)
+        raises the read timeout for this call where it is longer: a server that drops the work
+        of a client that gave up would otherwise never finish a long warm-up."""
         ids = tuple(ids)
         with self._lock:
             if version is not None:
@@ -309,13 +311,14 @@ class OpenAIResource:
                 self._committed_ids, self._committed_text = (), ""
                 return PrefillResult(n_tokens=0, seconds=0.0, n_committed=0)
             text = self._text_of(ids, text)
-            seconds = self._prefill(ids, text)
+            seconds = self._prefill(ids, text, timeout_s)
             self._committed_ids, self._committed_text = ids, text
             return PrefillResult(n_tokens=len(ids), seconds=seconds, n_committed=len(ids))
 
     def extend(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
                timeout_s: float | None = None) -> PrefillResult:
-        """Append to the committed run. The whole run is sent; the server reuses its prefix."""
+        """Append to the committed run. The whole run is sent; the server reuses its prefix.
+        `timeout_s` as in `load`."""
         ids = tuple(ids)
         with self._lock:
             if version is not None:
@@ -325,18 +328,22 @@ class OpenAIResource:
             new_text = self._text_of(ids, text)
             full_ids = self._committed_ids + ids
             full_text = None if new_text is None else self._committed_text + new_text
-            seconds = self._prefill(full_ids, full_text)
+            seconds = self._prefill(full_ids, full_text, timeout_s)
             self._committed_ids, self._committed_text = full_ids, full_text
             return PrefillResult(n_tokens=len(ids), seconds=seconds, n_committed=len(full_ids))
 
-    def _prefill(self, ids: tuple[int, ...], text: str | None) -> float:
+    def _prefill(self, ids: tuple[int, ...], text: str | None,
+                 timeout_s: float | None) -> float:
         self._ensure_checked()
         self._check_fits(len(ids) + 1)
         body = self._body(list(ids) if text is None else text, max_tokens=1, stop=())
         if self.options.priority_scheduling:
             body["priority"] = self.options.prefill_priority      # larger = later (vLLM)
+        read_timeout_s = None
+        if timeout_s is not None and timeout_s > self.options.read_timeout_s:
+            read_timeout_s = timeout_s
         started = time.monotonic()
-        payload = self._complete(body)
+        payload = self._complete(body, read_timeout_s=read_timeout_s)
         seconds = time.monotonic() - started
         self._count_usage("prefills", payload.get("usage"))
         return seconds
@@ -631,9 +638,10 @@ class OpenAIResource:
 
     # -- HTTP --------------------------------------------------------------------------------
 
-    def _complete(self, body: dict) -> dict:
+    def _complete(self, body: dict, *, read_timeout_s: float | None = None) -> dict:
         """A non-streamed completion's JSON body, sent with the committed run's routing key."""
-        return self.http.complete("/v1/completions", body, headers=self._routed(None))
+        return self.http.complete("/v1/completions", body, headers=self._routed(None),
+                                  read_timeout_s=read_timeout_s)
 
     def _send(self, body: dict, *, stream: bool, key: str | None = None) -> httpx.Response:
         """POST /v1/completions with the routing key `key` (default: the committed run's)."""
