@@ -16,8 +16,9 @@ Algorithm 1 of the CSR paper, with concurrent queries routed by version:
 - Catch-up extends the secondary with the whole buffer while it holds more than
   `n_catchup_tokens` and the last step shrank it (a stream faster than the secondary's catch-up
   swaps with what arrived during one step left over); then the swap is atomic: the remaining
-  buffer is folded into the new state (the first query after the swap prefills it), and the old primary keeps the old version for
-  stragglers until the next cycle, which waits for them to finish before reloading it.
+  buffer is folded into the new state (the first query after the swap prefills it), and the
+  old primary keeps the old version for stragglers until the next cycle, which waits for them
+  to finish before reloading it.
 - A threshold crossing during a reconciliation is never lost: the check runs again after the
   swap, so it starts the next cycle at once.
 - If a chunk would push the active context past `max_context_tokens - reserve_tokens`, the
@@ -806,7 +807,8 @@ class Reconciliation:
             self.buffer_tokens < self._catchup_step_tokens
         if self.buffer_tokens > self.config.n_catchup_tokens and not shrinking:
             self.counters.catchup_cut_short += 1
-        elif self.buffer_tokens > self.config.n_catchup_tokens:
+            return self._swap(now_s)
+        if self.buffer_tokens > self.config.n_catchup_tokens:
             chunks, self.buffer = self.buffer, []
             ids: list[int] = []
             for chunk in chunks:

@@ -43,7 +43,6 @@ class HttpTransport:
         self.retries = retries
         self.backoff_s = backoff_s
         self.connect_timeout_s = connect_timeout_s
-        self.read_timeout_s = read_timeout_s
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self.client = httpx.Client(base_url=self.url, headers=headers, trust_env=False,
                                    timeout=httpx.Timeout(read_timeout_s,
