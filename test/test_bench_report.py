@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from csr_ros.bench_report import capsule_row, format_table, prefill_row, spread, summarize, ttft_row
+from csr_ros.bench.bench_report import capsule_row, format_table, prefill_row, spread, summarize, ttft_row
 
 
 def test_a_spread_reports_median_extremes_and_quartiles():
@@ -121,7 +121,7 @@ def test_two_resources_take_each_timed_repeat_in_turn(monkeypatch):
     """Side by side, decode and CSR repeats alternate between the resources one by one, so each
     pair of samples is taken seconds apart under the same load."""
     pytest.importorskip("torch")
-    from csr_ros.harness.ttft_bench import WARMUP_QUERIES, bench_phases, interleaved
+    from csr_ros.bench.ttft_bench import WARMUP_QUERIES, bench_phases, interleaved
     from csr_ros.layout import Layout
     from csr_ros.model_store import resolve_model_dir
     from csr_ros.resources.local import LocalResource

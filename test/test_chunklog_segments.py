@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from csr_ros.chunklog import (MAGIC, ChunkLog, ChunkRecord, Retention, StreamRecord,
-                              VersionRecord, bench_restart, read_from_checkpoint, read_log,
+                              VersionRecord, read_from_checkpoint, read_log,
                               rebuild_state, scan, segment_files)
-from csr_ros.chunklog.restart_bench import shaped, synthetic_records, write_synthetic_log
+from csr_ros.bench.restart_bench import bench_restart, shaped, synthetic_records, write_synthetic_log
 from csr_ros.errors import ChunkLogError, ConfigError
 from csr_ros.state import Chunk, CsrState
 

@@ -10,10 +10,10 @@ from collections import Counter
 import pytest
 
 from csr_ros.errors import ConfigError, ModelNotFoundError
-from csr_ros.eval.episode import EvalEpisode, Question
-from csr_ros.eval.run import (LABEL_INSTRUCTION, TEXT_INSTRUCTION, Asking, QuestionRecord,
+from csr_ros.bench.eval.episode import EvalEpisode, Question
+from csr_ros.bench.eval.run import (LABEL_INSTRUCTION, TEXT_INSTRUCTION, Asking, QuestionRecord,
                               task_text)
-from csr_ros.eval.scoring import option_labels, option_order
+from csr_ros.bench.eval.scoring import option_labels, option_order
 from support.choice_prompts import ROOMS, lettered_prompts, robot_state
 
 
@@ -33,7 +33,7 @@ def test_options_are_shuffled_by_a_seed_per_question_the_same_in_every_process()
 
 
 def test_every_method_sees_a_question_s_options_in_one_order_that_spreads_the_answers_over_the_letters():
-    from csr_ros.eval.patrol_questions import patrol_questions
+    from csr_ros.bench.eval.patrol_questions import patrol_questions
 
     events = [{"kind": "detection", "t_s": 10.0 + 30 * i, "object": obj, "room": room}
               for i, (obj, room) in enumerate(zip(["red_mug", "keys", "plant", "apple"] * 3,
@@ -79,7 +79,7 @@ def test_the_options_are_lettered_in_the_dynamic_part_and_leave_csrs_cached_pref
 
 
 def test_unknown_or_repeated_scoring_rules_are_refused_before_a_run():
-    from csr_ros.eval.study import EvalSettings
+    from csr_ros.bench.eval.study import EvalSettings
 
     for rules in (("label", "label"), ("likelihood",), ()):
         with pytest.raises(ConfigError, match="--choice-scoring"):
@@ -106,7 +106,7 @@ def _record(label: str, method: str, qid: str, answer: str, prediction: str,
 
 
 def test_the_bias_check_gives_each_rows_most_frequent_answer_and_warns_where_a_method_answers_as_none():
-    from csr_ros.eval.report import bias_table, bias_warnings, summarize
+    from csr_ros.bench.eval.report import bias_table, bias_warnings, summarize
 
     answers = ["kitchen", "office", "hallway", "living room"] * 5           # 20 questions
     none_said = ["living room"] * 20
@@ -133,7 +133,7 @@ def test_the_bias_check_gives_each_rows_most_frequent_answer_and_warns_where_a_m
 
 
 def test_each_scoring_rule_is_compared_with_the_no_memory_answers_of_the_same_rule():
-    from csr_ros.eval.report import summarize
+    from csr_ros.bench.eval.report import summarize
 
     records = [_record("csr", "csr", "q1", "office", "office", "label"),
                _record("csr", "csr", "q1", "office", "living room", "mean"),
@@ -151,8 +151,8 @@ def test_each_scoring_rule_is_compared_with_the_no_memory_answers_of_the_same_ru
 
 def test_label_scoring_reads_the_letters_log_probabilities_after_one_pass_over_the_dynamic_part(
         smollm2):
-    from csr_ros.eval.run import EvalResources
-    from csr_ros.eval.scoring import ask
+    from csr_ros.bench.eval.run import EvalResources
+    from csr_ros.bench.eval.scoring import ask
 
     resources = EvalResources.local(engine=smollm2)
     try:
@@ -177,8 +177,8 @@ def test_label_scoring_reads_the_letters_log_probabilities_after_one_pass_over_t
 
 
 def test_pmi_subtracts_each_options_content_free_log_likelihood_computed_once_per_option(smollm2):
-    from csr_ros.eval.run import EvalResources, content_free_request
-    from csr_ros.eval.scoring import ContentFreePrior, ask, ask_choices
+    from csr_ros.bench.eval.run import EvalResources, content_free_request
+    from csr_ros.bench.eval.scoring import ContentFreePrior, ask, ask_choices
 
     resources = EvalResources.local(engine=smollm2)
     prior_resource = resources.content_free()
@@ -225,9 +225,9 @@ def test_pmi_subtracts_each_options_content_free_log_likelihood_computed_once_pe
 
 
 def test_the_one_chunk_window_holds_the_latest_chunk_only(smollm2):
-    from csr_ros.eval.episode import Observation
-    from csr_ros.eval.methods import WindowMethod
-    from csr_ros.eval.run import EvalResources
+    from csr_ros.bench.eval.episode import Observation
+    from csr_ros.bench.eval.methods import WindowMethod
+    from csr_ros.bench.eval.run import EvalResources
 
     resources = EvalResources.local(engine=smollm2)
     try:
@@ -261,7 +261,7 @@ def qwen15b():
     Qwen2.5-Coder-0.5B answers a lettered question from its context: each gives one letter
     whatever the history says (SmolLM2 "B", the 0.5B "A"), so neither can show it."""
     pytest.importorskip("llama_cpp")
-    from csr_ros.eval.run import EvalResources
+    from csr_ros.bench.eval.run import EvalResources
     from csr_ros.model_store import resolve_gguf
 
     try:
@@ -282,7 +282,7 @@ def test_label_scoring_answers_from_the_history_where_mean_gives_one_answer_what
     """The issue's failure, on a model that reads its context: the same question after two
     histories. Label scoring gives each history's right room; mean scoring gives one room
     after both, whatever the history says."""
-    from csr_ros.eval.scoring import ask_choices
+    from csr_ros.bench.eval.scoring import ask_choices
 
     question = Question(t_s=30.0, question="Where was the red mug last seen?", answer="",
                         choices=ROOMS)
@@ -310,7 +310,7 @@ def test_a_run_scored_by_three_rules_reports_a_row_for_each_and_says_how_the_opt
     from pathlib import Path
 
     from csr_ros.cli import main
-    from csr_ros.eval.episode import ama_episodes
+    from csr_ros.bench.eval.episode import ama_episodes
 
     ama = Path(__file__).parent / "data" / "ama_tiny.jsonl"
     assert main(["eval", str(ama), "--format", "ama", "--episodes", "1", "--max-questions", "3",
@@ -350,8 +350,8 @@ def test_a_run_scored_by_three_rules_reports_a_row_for_each_and_says_how_the_opt
 def test_llama_cpp_in_process_and_its_server_give_the_same_letter_on_the_same_gguf(llama_server):
     """The SmolLM2 GGUF both ways: in process the letters are scored in one pass, the server
     answers one token constrained to the letters (it gives no usable log-probabilities)."""
-    from csr_ros.eval.run import EvalResources
-    from csr_ros.eval.scoring import ask, check_scoring
+    from csr_ros.bench.eval.run import EvalResources
+    from csr_ros.bench.eval.scoring import ask, check_scoring
     from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 
     local = EvalResources.local("smollm2", backend="llamacpp", max_context_tokens=2048,

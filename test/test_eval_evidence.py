@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from csr_ros.eval.evidence import Evidence, covered, resolve
+from csr_ros.bench.eval.evidence import Evidence, covered, resolve
 
 
 def test_an_observation_split_into_chunks_is_covered_only_when_all_its_chunks_are_in(
@@ -30,7 +30,7 @@ def test_an_observation_split_into_chunks_is_covered_only_when_all_its_chunks_ar
 
 
 def test_patrol_questions_name_the_chunk_of_the_event_their_answer_comes_from(tmp_path):
-    from csr_ros.eval.patrol_questions import patrol_episode
+    from csr_ros.bench.eval.patrol_questions import patrol_episode
 
     episode = patrol_episode(tmp_path / "patrol", duration_s=150.0, n_questions=12, seed=1)
     observations = {(o.source, o.stamp_ns): o for o in episode.observations}
@@ -54,10 +54,10 @@ def test_on_a_patrol_no_memory_covers_nothing_csr_covers_recent_events_and_bm25_
         tmp_path):
     """A 150 s patrol (seed 1): bob speaks at 11.7 s, alice at 93.2 s. Asked at 94 s, alice's
     words are the newest chunk; asked at 149 s, bob's lie 800 tokens back."""
-    from csr_ros.eval.episode import Question
-    from csr_ros.eval.patrol_questions import patrol_episode
-    from csr_ros.eval.report import summarize
-    from csr_ros.eval.run import EvalResources, MethodSpec, evaluate
+    from csr_ros.bench.eval.episode import Question
+    from csr_ros.bench.eval.patrol_questions import patrol_episode
+    from csr_ros.bench.eval.report import summarize
+    from csr_ros.bench.eval.run import EvalResources, MethodSpec, evaluate
 
     episode = patrol_episode(tmp_path / "patrol", duration_s=150.0, n_questions=2, seed=1)
     options = ("go and look in the bathroom", "where did I leave my keys?")
@@ -96,9 +96,9 @@ def test_on_a_patrol_no_memory_covers_nothing_csr_covers_recent_events_and_bm25_
 def test_a_patrol_written_as_ama_names_each_questions_evidence_turn(tmp_path):
     import json
 
-    from csr_ros.eval.episode import ama_episodes
-    from csr_ros.eval.patrol_questions import write_patrol_ama
-    from csr_ros.eval.run import evidence_keys
+    from csr_ros.bench.eval.episode import ama_episodes
+    from csr_ros.bench.eval.patrol_questions import write_patrol_ama
+    from csr_ros.bench.eval.run import evidence_keys
 
     out = tmp_path / "patrol_ama.jsonl"
     write_patrol_ama([tmp_path / "p0"], out, duration_s=150.0, n_questions=6, seed=1)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from csr_ros.errors import ConfigError
-from csr_ros.eval.episode import (EvalEpisode, Observation, Question, ama_episodes,
+from csr_ros.bench.eval.episode import (EvalEpisode, Observation, Question, ama_episodes,
                                   load_questions)
-from csr_ros.eval.scoring import contains_answer, exact_match, match_choice, normalize_answer
+from csr_ros.bench.eval.scoring import contains_answer, exact_match, match_choice, normalize_answer
 from csr_ros.stats import percentile, wilson_interval
 
 AMA_TINY = Path(__file__).parent / "data" / "ama_tiny.jsonl"
@@ -58,7 +58,7 @@ def test_a_questions_file_with_an_answer_outside_its_choices_is_rejected_with_it
 
 def test_a_questions_file_without_t_s_is_rejected():
     with pytest.raises(ConfigError, match="missing t_s"):
-        from csr_ros.eval.episode import question_from_record
+        from csr_ros.bench.eval.episode import question_from_record
         question_from_record({"question": "q", "answer": "a"}, where="x")
 
 
@@ -108,8 +108,8 @@ def test_percentile_interpolates_between_order_statistics():
 # -- methods on the real tokenizer ----------------------------------------------------------------
 
 def test_bm25_retrieves_the_chunk_that_names_the_object_across_underscores(smollm2):
-    from csr_ros.eval.methods import Bm25Method
-    from csr_ros.eval.run import EvalResources
+    from csr_ros.bench.eval.methods import Bm25Method
+    from csr_ros.bench.eval.run import EvalResources
 
     resources = EvalResources.local(engine=smollm2)
     try:
@@ -129,8 +129,8 @@ def test_bm25_retrieves_the_chunk_that_names_the_object_across_underscores(smoll
 
 
 def test_the_window_keeps_the_newest_chunks_that_fit_its_budget(smollm2):
-    from csr_ros.eval.methods import WindowMethod
-    from csr_ros.eval.run import EvalResources
+    from csr_ros.bench.eval.methods import WindowMethod
+    from csr_ros.bench.eval.run import EvalResources
 
     resources = EvalResources.local(engine=smollm2)
     try:
@@ -151,8 +151,8 @@ def test_the_window_keeps_the_newest_chunks_that_fit_its_budget(smollm2):
 # -- choice scoring on the local engine ---------------------------------------------------------
 
 def test_choice_scores_from_a_scratch_of_the_cached_state_equal_a_cold_computation(smollm2):
-    from csr_ros.eval.scoring import score_choices_local
-    from csr_ros.eval.run import EvalResources
+    from csr_ros.bench.eval.scoring import score_choices_local
+    from csr_ros.bench.eval.run import EvalResources
     from csr_ros.state import CsrState
 
     resources = EvalResources.local(engine=smollm2)
@@ -214,7 +214,7 @@ def test_a_short_evaluation_runs_every_method_on_the_local_engine(tmp_path, caps
                                                                   monkeypatch):
     from csr_ros.cli import main
 
-    monkeypatch.setattr("csr_ros.eval.run.REPLAY_PROGRESS_S", 0.0)   # a line per observation
+    monkeypatch.setattr("csr_ros.bench.eval.run.REPLAY_PROGRESS_S", 0.0)   # a line per observation
     assert main(_tiny_args(tmp_path, "--threads", "1")) == 0
     by = _check_report(tmp_path, 3)
     # CSR's history stays cached: it recomputes only the question
@@ -363,7 +363,7 @@ def speech_bag(tmp_path_factory):
 
 
 def test_a_bag_renders_with_the_aggregators_sources_and_times_from_its_first_message(speech_bag):
-    from csr_ros.eval.episode import bag_episode
+    from csr_ros.bench.eval.episode import bag_episode
 
     questions = load_questions(speech_bag / "q.jsonl")
     episode = bag_episode([speech_bag / "run1"], questions, params=speech_bag / "params.yaml")
@@ -380,7 +380,7 @@ def test_a_bag_renders_with_the_aggregators_sources_and_times_from_its_first_mes
 
 
 def test_questions_asked_long_after_the_bag_ends_are_rejected(speech_bag):
-    from csr_ros.eval.episode import bag_episode
+    from csr_ros.bench.eval.episode import bag_episode
 
     late = [Question(t_s=500.0, question="q", answer="a")]
     with pytest.raises(ConfigError, match="after the bag ends"):
@@ -424,7 +424,7 @@ EVENTS = [
 
 
 def test_patrol_questions_are_answered_by_the_events_before_them():
-    from csr_ros.eval.patrol_questions import patrol_questions
+    from csr_ros.bench.eval.patrol_questions import patrol_questions
 
     questions = patrol_questions(EVENTS, 400.0, n_questions=40, seed=3)
     assert len(questions) == 40
@@ -449,7 +449,7 @@ def test_patrol_questions_are_answered_by_the_events_before_them():
 
 
 def test_a_patrol_directory_becomes_an_episode_whose_chunks_hold_each_answer(tmp_path):
-    from csr_ros.eval.patrol_questions import patrol_episode
+    from csr_ros.bench.eval.patrol_questions import patrol_episode
 
     episode = patrol_episode(tmp_path / "patrol", duration_s=150.0, n_questions=16, seed=1)
     assert (tmp_path / "patrol" / "ground_truth.json").is_file()
@@ -470,7 +470,7 @@ def test_a_patrol_directory_becomes_an_episode_whose_chunks_hold_each_answer(tmp
 
 
 def test_a_patrol_written_in_ama_format_reads_back_as_multiple_choice_episodes(tmp_path):
-    from csr_ros.eval.patrol_questions import write_patrol_ama
+    from csr_ros.bench.eval.patrol_questions import write_patrol_ama
 
     out = tmp_path / "patrol_ama.jsonl"
     assert write_patrol_ama([tmp_path / "p0", tmp_path / "p1"], out, duration_s=120.0,

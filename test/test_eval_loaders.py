@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from csr_ros.errors import ConfigError
-from csr_ros.eval.episode import ama_episodes, load_questions, write_questions
-from csr_ros.eval.evidence import Evidence, resolve, steps_named
-from csr_ros.eval.run import evidence_keys
+from csr_ros.bench.eval.episode import ama_episodes, load_questions, write_questions
+from csr_ros.bench.eval.evidence import Evidence, resolve, steps_named
+from csr_ros.bench.eval.run import evidence_keys
 
 DATA = Path(__file__).parent / "data"
 SINGLE = DATA / "ama_single_episode.json"
@@ -119,7 +119,7 @@ def test_a_questions_file_carries_evidence_times_and_writes_them_back(tmp_path):
 
 
 def test_evidence_resolves_to_the_nearest_observation_of_its_source_and_text():
-    from csr_ros.eval.episode import Observation
+    from csr_ros.bench.eval.episode import Observation
 
     obs = [Observation(t_s=2.9, source="odom", text="2s odom: at 1,2", stamp_ns=29),
            Observation(t_s=3.0, source="speech", text="3s speech: alice: bring the keys",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from csr_ros.eval.judge import Judge, judge_messages, last_yes_no, read_verdict
-from csr_ros.eval.scoring import answer_tokens, exact_match, normalize_answer, token_f1
+from csr_ros.bench.eval.judge import Judge, judge_messages, last_yes_no, read_verdict
+from csr_ros.bench.eval.scoring import answer_tokens, exact_match, normalize_answer, token_f1
 
 AMA_EPISODE = Path(__file__).parent / "data" / "ama_single_episode.json"
 
@@ -99,7 +99,7 @@ def test_the_judge_asks_once_per_question_reference_and_prediction():
 
 @pytest.mark.server
 def test_a_judge_on_a_real_server_returns_a_verdict_read_from_its_own_reply(llama_server):
-    from csr_ros.eval.judge_clients import OpenAIJudgeClient
+    from csr_ros.bench.eval.judge_clients import OpenAIJudgeClient
 
     client = OpenAIJudgeClient(llama_server.url, max_tokens=8)
     judge = Judge(client)
@@ -116,7 +116,7 @@ def test_a_judge_on_a_real_server_returns_a_verdict_read_from_its_own_reply(llam
 
 @pytest.mark.slow
 def test_a_local_judge_keeps_its_system_message_cached_and_replies_greedily():
-    from csr_ros.eval.judge_clients import LocalJudgeClient
+    from csr_ros.bench.eval.judge_clients import LocalJudgeClient
 
     client = LocalJudgeClient("smollm2", threads=1, max_tokens=6)
     try:

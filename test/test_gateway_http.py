@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from csr_ros.gateway.client_bench import TOOLS, check_call, tool_requests
+from csr_ros.bench.client_bench import TOOLS, check_call, tool_requests
 from csr_ros.servers import LOOPBACK, ManagedServer, free_port
 from support.gateway_clients import follow_stream, leave_after_first_piece, wait_until_idle
 

@@ -114,7 +114,7 @@ def test_a_client_that_disconnects_stops_the_decode_in_the_worker_process(local)
 
 
 def test_required_tool_calls_on_the_default_model_are_always_valid(local):
-    from csr_ros.gateway.client_bench import TOOLS, check_call, tool_requests
+    from csr_ros.bench.client_bench import TOOLS, check_call, tool_requests
 
     client = client_of(local)
     for i, message in enumerate(tool_requests(24)):

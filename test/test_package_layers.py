@@ -11,7 +11,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "csr_ros"
 TOOLS_MAX_LINES = 150
-ROS_HARNESSES = {"harness/ros_demo.py", "harness/replay_graph.py", "harness/watchdog_faults.py"}
+ROS_HARNESSES = {"harness/ros_demo.py", "harness/ros_graph.py", "bench/replay_graph.py",
+                 "bench/watchdog_faults.py"}
 
 
 def module_name(path: Path) -> str:
@@ -101,3 +102,10 @@ def test_torch_is_imported_at_module_level_by_the_torch_engine_only():
     assert users, "the torch engine imports torch"
     assert {u for u in users if not u.startswith("engine/")} == set()
     assert "engine/llamacpp.py" not in users and "engine/decoder.py" not in users
+
+
+def test_nothing_outside_the_benchmarks_and_the_command_line_imports_a_benchmark():
+    offenders = sorted(f"{mod} imports {name}" for mod, path in MODULES.items()
+                       if not mod.startswith(("csr_ros.bench", "csr_ros.tools"))
+                       for name in imported(path) if name.startswith("csr_ros.bench"))
+    assert offenders == []

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from csr_ros import cli
-from csr_ros.fleet_plan import RUN_KEYS
+from csr_ros.bench.fleet_plan import RUN_KEYS
 from csr_ros.layout import Layout
 from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.router import ServerPool, vllm_router_executable

@@ -20,7 +20,7 @@ from support.vllm_server import BLOCK_SIZE, MODEL_NAME, _vllm_or_skip  # vllm_pa
 
 from csr_ros.actions import Vocabulary
 from csr_ros.errors import ResourceUnavailableError
-from csr_ros.eval.scoring import ask, score_choices_local
+from csr_ros.bench.eval.scoring import ask, score_choices_local
 from csr_ros.layout import Layout
 from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.resources.remote_tokenizer import RemoteTokenizer

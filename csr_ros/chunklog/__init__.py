@@ -53,11 +53,10 @@ from csr_ros.chunklog.fold import Resumed, rebuild_state, resume, save_capsule
 from csr_ros.chunklog.logdir import read_from_checkpoint, read_log, segment_files
 from csr_ros.chunklog.records import (MAGIC, Checkpoint, ChunkRecord, Record, StreamRecord,
                                       VersionRecord, encode_record, last_stream, scan)
-from csr_ros.chunklog.restart_bench import bench_restart
 from csr_ros.chunklog.retention import Retention
 from csr_ros.chunklog.writer import DEFAULT_MAX_SEGMENT_BYTES, ChunkLog
 
 __all__ = ["MAGIC", "Checkpoint", "ChunkLog", "ChunkRecord", "DEFAULT_MAX_SEGMENT_BYTES",
-           "Record", "Resumed", "Retention", "StreamRecord", "VersionRecord", "bench_restart",
+           "Record", "Resumed", "Retention", "StreamRecord", "VersionRecord",
            "encode_record", "last_stream", "read_from_checkpoint", "read_log", "rebuild_state",
            "resume", "save_capsule", "scan", "segment_files"]

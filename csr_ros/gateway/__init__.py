@@ -4,6 +4,4 @@
     service.py   sessions, each a CsrState and a Reconciler over its own pair of resources
     app.py       the HTTP adapter (starlette, served by uvicorn): /v1/chat/completions,
                  /v1/completions, /v1/models, /health, /v1/csr/sessions
-    overhead_bench.py  TTFT through the gateway against the same queries sent straight to
-                       the resource
 """

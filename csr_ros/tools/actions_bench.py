@@ -3,7 +3,7 @@
     csr-ros actions --chunks 60 --reps 10 --json a.json
 
 The demo episode's prompt with `--chunks` chunks cached, then the same decision asked `--reps`
-times in each of `--modes`, interleaved (csr_ros.harness.actions_latency). Printed and written:
+times in each of `--modes`, interleaved (csr_ros.bench.actions_latency). Printed and written:
 latency from the call to the last token (p50, p99, max), tokens decoded, the token-mask time
 per decoded token, and how many answers parse into a valid action.
 """
@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from csr_ros.harness.actions_latency import MODES, run_bench
+from csr_ros.bench.actions_latency import MODES, run_bench
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -3,8 +3,8 @@
     csr-ros bench --n 512,1024 --repeats 3                       # local engine, ~1-2 min on 2 cores
     csr-ros bench --resource local,openai --url http://127.0.0.1:8001 --n 1024,4096 --json out.json
 
-What is measured and how: csr_ros.harness.ttft_bench; the table and the figures:
-csr_ros.bench_report. The local engine runs `--dtype auto` unless told otherwise (see
+What is measured and how: csr_ros.bench.ttft_bench; the table and the figures:
+csr_ros.bench.bench_report. The local engine runs `--dtype auto` unless told otherwise (see
 docs/engine.md). Progress goes to stderr, the table to stdout.
 """
 
@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from csr_ros.harness.ttft_bench import DECODE_TOKENS, BenchSettings, run_bench
+from csr_ros.bench.ttft_bench import DECODE_TOKENS, BenchSettings, run_bench
 from csr_ros.model_store import DEFAULT_MODEL
 from csr_ros.tools.options import ints, words
 
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from csr_ros.bench_report import format_table
+    from csr_ros.bench.bench_report import format_table
 
     settings = BenchSettings(
         kinds=words(args.resource), backends=words(args.backend), urls=words(args.url or ""),

@@ -15,7 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from csr_ros.chunklog import Checkpoint, bench_restart, read_from_checkpoint, segment_files
+from csr_ros.bench.restart_bench import bench_restart
+from csr_ros.chunklog import Checkpoint, read_from_checkpoint, segment_files
 from csr_ros.errors import ConfigError
 
 DAY_S = 86_400

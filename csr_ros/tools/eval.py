@@ -8,7 +8,7 @@
     csr-ros eval run1/ --questions q.jsonl --resource openai \
         --url http://gpu:8001 --url http://gpu:8002
 
-How the methods run, their budgets are matched and answers judged: csr_ros.eval.study. Progress
+How the methods run, their budgets are matched and answers judged: csr_ros.bench.eval.study. Progress
 goes to stderr, the table to stdout.
 """
 
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from csr_ros.eval.study import FORMATS, EvalSettings
+from csr_ros.bench.eval.study import FORMATS, EvalSettings
 from csr_ros.tools.options import from_args, ints, words
 
 
@@ -113,8 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from csr_ros.eval.run import stderr_progress
-    from csr_ros.eval.study import run_study
+    from csr_ros.bench.eval.run import stderr_progress
+    from csr_ros.bench.eval.study import run_study
 
     progress = None if args.quiet else stderr_progress
     say = progress or (lambda message: None)
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
                          choice_scoring=words(args.choice_scoring),
                          shuffle_seed=None if args.no_shuffle else args.shuffle_seed)
     if args.write_ama is not None:
-        from csr_ros.eval.patrol_questions import write_patrol_ama
+        from csr_ros.bench.eval.patrol_questions import write_patrol_ama
 
         n = write_patrol_ama(args.input, args.write_ama, duration_s=args.duration_s,
                              n_questions=args.n_questions, seed=args.seed, params=args.params)
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(result.as_json(sys.argv[1:]), indent=1), encoding="utf-8")
         say(f"wrote {args.json}")
     if args.plot is not None:
-        from csr_ros.eval.report import plot_accuracy_vs_ttft
+        from csr_ros.bench.eval.report import plot_accuracy_vs_ttft
 
         say(f"wrote {plot_accuracy_vs_ttft(result.rows, args.plot, title=result.plot_title)}")
     return 0

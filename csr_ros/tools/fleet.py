@@ -6,8 +6,8 @@
 
 The command starts P servers on this machine (vLLM's CPU backend by default, or llama.cpp's
 server), then for every routing policy and every K a fresh `vllm-router` in front of them and K
-robots at once (csr_ros.harness.fleet_runs); what each run measured, the table and the JSON:
-csr_ros.fleet_plan. Policies are the router's own (`--policy` of vllm-router 0.1.17).
+robots at once (csr_ros.bench.fleet_runs); what each run measured, the table and the JSON:
+csr_ros.bench.fleet_plan. Policies are the router's own (`--policy` of vllm-router 0.1.17).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from csr_ros.errors import ConfigError
-from csr_ros.fleet_plan import markdown_table, parse_counts, plan_runs
+from csr_ros.bench.fleet_plan import markdown_table, parse_counts, plan_runs
 from csr_ros.router import ENGINES, ROUTER_POLICIES
 from csr_ros.stream_defaults import FLEET
 from csr_ros.tools.options import add_episode_options, from_args
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from csr_ros.episode_run import EpisodeSettings
-    from csr_ros.harness.fleet_runs import fleet_report, run_fleet
+    from csr_ros.bench.fleet_runs import fleet_report, run_fleet
 
     urls = [u.strip() for u in (args.worker_urls or "").split(",") if u.strip()]
     specs = plan_runs(parse_counts(args.robots, "--robots"),

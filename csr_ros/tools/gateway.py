@@ -107,19 +107,19 @@ def run(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace, config: GatewayConfig, factory) -> int:
     progress = lambda message: print(message, file=sys.stderr, flush=True)   # noqa: E731
     if args.bench == "overhead":
-        from csr_ros.gateway.overhead_bench import format_summary, run_bench
+        from csr_ros.bench.overhead_bench import format_summary, run_bench
 
         summary = run_bench(factory, config, n_tokens=args.n, m_tokens=args.m,
                             repeats=args.repeats, max_tokens=args.bench_max_tokens or 1,
                             progress=progress)
     elif args.bench == "stream":
-        from csr_ros.gateway.client_bench import format_stream, run_stream_bench
+        from csr_ros.bench.client_bench import format_stream, run_stream_bench
 
         summary = run_stream_bench(factory, config, max_tokens=args.bench_max_tokens or 64,
                                    repeats=args.repeats, progress=progress)
         format_summary = format_stream
     else:
-        from csr_ros.gateway.client_bench import format_tools, run_tools_bench
+        from csr_ros.bench.client_bench import format_tools, run_tools_bench
 
         choices = tuple(c.strip() for c in args.tool_choices.split(",") if c.strip())
         summary = run_tools_bench(factory, config, n=args.requests, choices=choices,

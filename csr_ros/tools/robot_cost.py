@@ -1,5 +1,5 @@
 """`csr-ros robot-cost`: the CPU seconds the aggregator and the policy node spend per chunk and
-per decision against an HTTP server (csr_ros.harness.robot_cpu; docs/benchmarks.md).
+per decision against an HTTP server (csr_ros.bench.robot_cpu; docs/benchmarks.md).
 
     csr-ros robot-cost --json out/robot_cost.json                 # starts llama.cpp's server
     csr-ros robot-cost --url http://gpu-server:8001 --decisions 120
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from csr_ros.harness.robot_cpu import format_report, measure
+from csr_ros.bench.robot_cpu import format_report, measure
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

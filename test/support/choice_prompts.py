@@ -3,8 +3,8 @@ choice-scoring tests of eval, the llama.cpp server and vLLM)."""
 
 from __future__ import annotations
 
-from csr_ros.eval.episode import EvalEpisode, Question
-from csr_ros.eval.run import Asking, task_text
+from csr_ros.bench.eval.episode import EvalEpisode, Question
+from csr_ros.bench.eval.run import Asking, task_text
 from csr_ros.layout import Layout
 from csr_ros.state import CsrState
 

@@ -4,7 +4,7 @@
     LocalJudgeClient("qwen2.5-coder-1.5b", threads=2)         # greedy, the model's chat template
 
 Both answer `complete(system, user) -> reply` and carry a `name` the report prints. Thin
-adapters: the protocol (prompt, reading the reply, the F1 fallback) is `csr_ros.eval.judge`.
+adapters: the protocol (prompt, reading the reply, the F1 fallback) is `csr_ros.bench.eval.judge`.
 """
 
 from __future__ import annotations

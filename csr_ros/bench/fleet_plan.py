@@ -9,7 +9,7 @@
 Each robot is one synthetic episode (its own seed), its own CSR state, its own ASR pair (two
 roles, r1 and r2, on the pool behind the router, each request keyed by robot and state
 version) and its own 2 Hz policy: the demo's episode loop, run once per robot
-(csr_ros.harness.fleet_runs).
+(csr_ros.bench.fleet_runs).
 
 The hit ratio is the servers' own count: the prompt tokens they reported as read from their
 prefix cache (`usage.prompt_tokens_details.cached_tokens`) over the prompt tokens of the

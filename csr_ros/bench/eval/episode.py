@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from csr_ros.errors import ConfigError
-from csr_ros.eval.evidence import Evidence, evidence_from_record, steps_named
+from csr_ros.bench.eval.evidence import Evidence, evidence_from_record, steps_named
 
 NS_PER_S = 1_000_000_000
 

@@ -29,7 +29,7 @@ How the options' log-likelihoods are read:
 
 Other (open) questions: a greedy answer, scored as AMA-Bench scores open answers: normalized
 exact match and token F1 here (`normalize_answer`, `token_f1`), and an LLM judge
-(`csr_ros.eval.judge`) after the run.
+(`csr_ros.bench.eval.judge`) after the run.
 
 TTFT is measured at one point per backend: from the call until the prompt is processed and the
 first answer token is known; `decision_s` runs until the answer is chosen (all options scored,

@@ -33,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
-from csr_ros.eval.scoring import exact_match, normalize_answer
+from csr_ros.bench.eval.scoring import exact_match, normalize_answer
 from csr_ros.stats import percentile, wilson_interval
 
 SAME_AS_NONE_WARNING = 0.9       # answers as no memory does on this share of questions or more

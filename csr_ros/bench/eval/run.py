@@ -12,7 +12,7 @@ the same questions at the same episode times.
 
 A question with choices shows them lettered, in an order shuffled with a seed per question
 (the same order for every method), and is asked once per choice-scoring rule (`scorings`:
-label, pmi, mean; csr_ros.eval.scoring) on the same committed state; an open question is asked
+label, pmi, mean; csr_ros.bench.eval.scoring) on the same committed state; an open question is asked
 once, and its record stands in every rule's row.
 
 Every answer is scored by exact match (`correct`); an open one also by token F1 (`f1`), and
@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
 from csr_ros.errors import ConfigError
-from csr_ros.eval.episode import NS_PER_S, EvalEpisode, Observation, Question
-from csr_ros.eval.evidence import covered, resolve
-from csr_ros.eval.methods import METHODS, Bm25Method, CsrMethod, NoMemoryMethod, WindowMethod
-from csr_ros.eval.scoring import (CHOICE_SCORINGS, ContentFreePrior, ask, ask_choices,
+from csr_ros.bench.eval.episode import NS_PER_S, EvalEpisode, Observation, Question
+from csr_ros.bench.eval.evidence import covered, resolve
+from csr_ros.bench.eval.methods import METHODS, Bm25Method, CsrMethod, NoMemoryMethod, WindowMethod
+from csr_ros.bench.eval.scoring import (CHOICE_SCORINGS, ContentFreePrior, ask, ask_choices,
                                   contains_answer, exact_match, lettered_options,
                                   option_labels, option_order, token_f1)
 from csr_ros.layout import Layout
@@ -283,7 +283,7 @@ def evaluate(episodes: Sequence[EvalEpisode], specs: Sequence[MethodSpec],
     """(every answer, one summary of the run per method spec and scoring rule: label, budget,
     scoring, CSR counters).
 
-    `scorings`: the choice-scoring rules (csr_ros.eval.scoring.CHOICE_SCORINGS); a question with
+    `scorings`: the choice-scoring rules (csr_ros.bench.eval.scoring.CHOICE_SCORINGS); a question with
     choices is asked once per rule, an open one once (when no question has choices, the rows
     carry no rule). `shuffle_seed`: the options' order per question (None: as given).
     `interleave` (default: on the local engine): every method has its own fork of the engine
@@ -536,7 +536,7 @@ def judge_context(episode: EvalEpisode) -> dict[str, str]:
 
 def judge_records(records: Sequence[QuestionRecord], judge, episodes: Sequence[EvalEpisode], *,
                   progress: Callable[[str], None] | None = None) -> int:
-    """Score every open answer with `judge` (a `csr_ros.eval.judge.Judge`), in place; returns
+    """Score every open answer with `judge` (a `csr_ros.bench.eval.judge.Judge`), in place; returns
     how many the judge was asked (identical answers to the same question are judged once)."""
     contexts = {e.name: judge_context(e) for e in episodes}
     todo = [r for r in records if not r.choices]

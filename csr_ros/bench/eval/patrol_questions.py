@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from csr_ros.errors import ConfigError
-from csr_ros.eval.episode import EvalEpisode, Question, bag_episode
-from csr_ros.eval.evidence import Evidence, resolve
+from csr_ros.bench.eval.episode import EvalEpisode, Question, bag_episode
+from csr_ros.bench.eval.evidence import Evidence, resolve
 
 KINDS = ("last_seen", "asked_for", "last_result", "how_long_ago")
 AGE_BUCKETS = ((60.0, "under 1 minute"), (180.0, "1 to 3 minutes"), (360.0, "3 to 6 minutes"),

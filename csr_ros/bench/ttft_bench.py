@@ -1,7 +1,7 @@
 """TTFT of CSR queries against the unordered baseline, and capsule timings (`csr-ros bench`).
 
     report = run_bench(BenchSettings(kinds=("local", "openai"), urls=(url,), ns=(512, 1024)))
-    print(format_table(report["rows"], report["summary"]))        # csr_ros.bench_report
+    print(format_table(report["rows"], report["summary"]))        # csr_ros.bench.bench_report
 
 For every static length N and dynamic length M, on every resource:
   csr        the static prompt is loaded once (prefix cached); each query pays only its M tokens
@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from csr_ros.bench_report import capsule_row, prefill_row, summarize, ttft_row
+from csr_ros.bench.bench_report import capsule_row, prefill_row, summarize, ttft_row
 from csr_ros.engine.calibration import describe as describe_choice
 from csr_ros.errors import ConfigError
 from csr_ros.model_store import DEFAULT_MODEL, resolve_model_dir

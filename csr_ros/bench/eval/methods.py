@@ -19,7 +19,7 @@
 - `NoMemoryMethod` ("none"): the profile and the question.
 
 Every method records the chunks its last prompt held (`last_chunks`) and counts the chunks it
-was given per observation (`seen`), for evidence coverage (`csr_ros.eval.evidence`).
+was given per observation (`seen`), for evidence coverage (`csr_ros.bench.eval.evidence`).
 
 A question's static tokens reuse what the resource still caches: `PrefixCache` keeps the
 longest reusable prefix (the committed run when the request extends it, else the profile) and
@@ -35,7 +35,7 @@ from typing import Sequence
 
 from csr_ros.chunks import ChunkPolicy
 from csr_ros.errors import ConfigError
-from csr_ros.eval.episode import Observation
+from csr_ros.bench.eval.episode import Observation
 from csr_ros.eviction import make_policy
 from csr_ros.layout import Layout
 from csr_ros.state import Chunk, CsrState, Request

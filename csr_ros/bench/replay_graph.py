@@ -1,7 +1,7 @@
 """A recorded bag through the real nodes, measured: does the policy keep up, and if not, do
 the nodes say so and why?
 
-    python -m csr_ros.harness.replay_graph BAG --params config/csr_ros.yaml --out DIR \\
+    python -m csr_ros.bench.replay_graph BAG --params config/csr_ros.yaml --out DIR \\
         [--rate 1.0] [--set policy.rate_hz=2.0 --set reconciler.context_tokens=2048 ...]
 
 Starts the aggregator and all_in_one (the reconciler with two in-process resources and the

@@ -9,7 +9,7 @@ every run a fresh router with the run's policy and K robots at once: each the de
 loop (csr_ros.harness.episode_loop.run_episode) with its own seed, CSR state, ASR pair and
 policy, its two roles (r1, r2) both at the router's URL with the routing key
 `X-Session-ID: robot_k/v<version>` (OpenAIResource robot_id). What a run measured and the
-table: csr_ros.fleet_plan.
+table: csr_ros.bench.fleet_plan.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Callable
 
 from csr_ros.episode_run import EpisodeSettings
 from csr_ros.errors import ResourceError, ResourceTimeoutError
-from csr_ros.fleet_plan import (RunSpec, cache_counters, markdown_table, merge_usage, robot_id,
+from csr_ros.bench.fleet_plan import (RunSpec, cache_counters, markdown_table, merge_usage, robot_id,
                                 robot_seed, robot_summary, run_summary, server_cache_delta)
 from csr_ros.harness.episode_loop import run_episode
 from csr_ros.resources.openai import OpenAIOptions, OpenAIResource

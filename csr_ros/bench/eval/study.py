@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from csr_ros.errors import ConfigError
-from csr_ros.eval.run import Asking, MethodSpec
+from csr_ros.bench.eval.run import Asking, MethodSpec
 
 FORMATS = ("auto", "bag", "ama", "patrol")
 MATCHES = ("tokens", "ttft", "none")
@@ -97,7 +97,7 @@ class EvalSettings:
 @dataclass(frozen=True)
 class StudyResult:
     format: str
-    rows: list[dict]                 # per method and budget (csr_ros.eval.report.summarize)
+    rows: list[dict]                 # per method and budget (csr_ros.bench.eval.report.summarize)
     records: list                    # every answer (QuestionRecord)
     table: str                       # markdown, with a note on the judge
     meta: dict                       # what ran, for the JSON
@@ -105,7 +105,7 @@ class StudyResult:
 
     def as_json(self, argv: list[str]) -> dict:
         """What `--json` writes: the rows, what ran (with the command line) and every answer."""
-        from csr_ros.eval.run import records_as_dicts
+        from csr_ros.bench.eval.run import records_as_dicts
 
         return {"methods": self.rows, "meta": {**self.meta, "argv": argv},
                 "questions": records_as_dicts(self.records)}
@@ -113,9 +113,9 @@ class StudyResult:
 
 def run_study(s: EvalSettings, progress: Callable[[str], None] | None = None) -> StudyResult:
     """Load the input, fix the budgets, run every method, judge the open answers."""
-    from csr_ros.eval.report import bias_table, bias_warnings, markdown_table, summarize
-    from csr_ros.eval.run import evaluate
-    from csr_ros.eval.scoring import check_scoring
+    from csr_ros.bench.eval.report import bias_table, bias_warnings, markdown_table, summarize
+    from csr_ros.bench.eval.run import evaluate
+    from csr_ros.bench.eval.scoring import check_scoring
 
     judge_spec = check_judge(s)
     fmt, episodes = load_input(s)
@@ -168,7 +168,7 @@ def run_study(s: EvalSettings, progress: Callable[[str], None] | None = None) ->
         resources.close()
     judge_name = None
     if judge_spec is not None and any(not r.choices for r in records):
-        from csr_ros.eval.run import judge_records
+        from csr_ros.bench.eval.run import judge_records
 
         judge = make_judge(s, judge_spec)
         judge_name = judge.name
@@ -228,7 +228,7 @@ def options_note(s: EvalSettings, n_choice: int) -> str:
 # -- inputs -------------------------------------------------------------------------------------
 
 def load_input(s: EvalSettings) -> tuple[str, list]:
-    from csr_ros.eval import episode as ep
+    from csr_ros.bench.eval import episode as ep
 
     fmt = s.format
     first = s.input[0]
@@ -252,21 +252,21 @@ def load_input(s: EvalSettings) -> tuple[str, list]:
         questions = ep.load_questions(s.questions)
         return fmt, [ep.bag_episode(list(s.input), questions, params=s.params,
                                     topics=s.topics)]
-    from csr_ros.eval.patrol_questions import patrol_episode
+    from csr_ros.bench.eval.patrol_questions import patrol_episode
 
     if len(s.input) != 1:
         raise ConfigError("--format patrol takes one directory")
     episode = patrol_episode(first, duration_s=s.duration_s, n_questions=s.n_questions,
                              seed=s.seed, params=s.params)
     if s.questions_out is not None:
-        from csr_ros.eval.episode import write_questions
+        from csr_ros.bench.eval.episode import write_questions
 
         write_questions(episode.questions, s.questions_out)
     return fmt, [episode]
 
 
 def make_resources(s: EvalSettings):
-    from csr_ros.eval.run import EvalResources
+    from csr_ros.bench.eval.run import EvalResources
 
     if s.resource == "local":
         if s.url:
@@ -298,7 +298,7 @@ def check_judge(s: EvalSettings):
         if same and not s.judge_self:
             raise ConfigError(f"--judge-url {s.judge_url} is the server being evaluated; "
                               "judge with another model, or pass --judge-self to allow it")
-        from csr_ros.eval.judge_clients import OpenAIJudgeClient
+        from csr_ros.bench.eval.judge_clients import OpenAIJudgeClient
 
         client = OpenAIJudgeClient(s.judge_url, model=s.judge_model_name,
                                    max_tokens=s.judge_max_tokens)
@@ -333,8 +333,8 @@ def _same_url(a: str, b: str) -> bool:
 
 
 def make_judge(s: EvalSettings, spec):
-    from csr_ros.eval.judge import Judge
-    from csr_ros.eval.judge_clients import LocalJudgeClient
+    from csr_ros.bench.eval.judge import Judge
+    from csr_ros.bench.eval.judge_clients import LocalJudgeClient
 
     kind, where = spec
     if kind == "url":
@@ -394,8 +394,8 @@ def plan_csr(spec, episodes, resources, scoring: str = "label") -> dict:
     """CSR's history at each question, folded from the chunks without a model: the same state,
     eviction policy and threshold as the run (a replay waits for each reconciliation, so no
     chunk arrives during one). Also a representative request for TTFT calibration."""
-    from csr_ros.eval.episode import Observation
-    from csr_ros.eval.run import clock_suffix, profile_text, task_text
+    from csr_ros.bench.eval.episode import Observation
+    from csr_ros.bench.eval.run import clock_suffix, profile_text, task_text
     from csr_ros.eviction import make_policy
     from csr_ros.node_logic.suffix import InstantValue
     from csr_ros.state import CsrState

@@ -16,7 +16,7 @@ The protocol (AMA-Bench's `compute_llm_as_judge`, in its `utils/evaluation_metri
 Greedy decoding (temperature 0) makes a verdict a function of its three inputs, so verdicts are
 cached per (question, reference, prediction): methods that answer alike are judged once.
 
-Pure: the judge model is reached through a client (`csr_ros.eval.judge_clients`) whose
+Pure: the judge model is reached through a client (`csr_ros.bench.eval.judge_clients`) whose
 `complete(system, user) -> str` returns the reply.
 """
 
@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
-from csr_ros.eval.scoring import token_f1
+from csr_ros.bench.eval.scoring import token_f1
 
 JUDGE_SYSTEM = "You are an expert evaluator of answers to questions about an agent's history."
 

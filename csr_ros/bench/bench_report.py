@@ -1,6 +1,6 @@
 """Benchmark figures: spreads of repeated timings, result rows, ratios and the printed table.
 
-Pure: no torch, no I/O. `csr_ros.harness.ttft_bench` measures; this module only summarizes.
+Pure: no torch, no I/O. `csr_ros.bench.ttft_bench` measures; this module only summarizes.
 
 Row schema (one dict per row, JSON-ready):
     method "csr" | "unordered":  resource, n, m, method, repeats, ttft_median_s, ttft_min_s,

@@ -1,7 +1,7 @@
 """What the policy publishes on each fault, and after how long: the real policy node (its own
 process, as `ros2 run` starts it) against a real llama.cpp server, one fault at a time.
 
-    python -m csr_ros.harness.watchdog_faults --out out/watchdog_faults \\
+    python -m csr_ros.bench.watchdog_faults --out out/watchdog_faults \\
         [--stale-after-s 3.0] [--rate-hz 2.0] [--threads 1]
 
     server killed       SIGKILL of the server's process group; then it is started again
@@ -333,7 +333,7 @@ def table(outcomes: list[Outcome], args) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m csr_ros.harness.watchdog_faults",
+    parser = argparse.ArgumentParser(prog="python -m csr_ros.bench.watchdog_faults",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="out/watchdog_faults")
     parser.add_argument("--stale-after-s", type=float, default=3.0)
