@@ -704,9 +704,13 @@ def _llamacpp_main(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: python -m csr_ros.servers llamacpp --model GGUF --port N [...]"
+    if argv in (["-h"], ["--help"]):
+        print(f"{usage}\n\nllama.cpp's server, ended with the process that started it "
+              "(`python -m csr_ros.servers llamacpp --help`: its options)")
+        return 0
     if not argv or argv[0] != "llamacpp":
-        print("usage: python -m csr_ros.servers llamacpp --model GGUF --port N [...]",
-              file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     return _llamacpp_main(argv[1:])
 

@@ -4,8 +4,13 @@ docs/ros.md's launch steps name what launch needs and run as written."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -91,3 +96,62 @@ def test_each_shell_block_of_the_launch_steps_sets_the_variables_it_uses():
         used = set(re.findall(r"\$\{?([A-Za-z_]+)", code))
         assert used <= defined, (used - defined, block)
         assert "~/launch_ws" not in block and "$HOME/launch_ws/" not in block, block
+
+
+
+# -- every command the README and docs/ name -----------------------------------------------------
+
+COMMAND = re.compile(r"(?:^|[`\s(])csr-ros\s+([a-z][a-z-]*)(?:\s+([a-z][a-z0-9_\\|-]*))?", re.M)
+MODULE = re.compile(r"python3? -m (csr_ros(?:\.[a-z_]+)+)(?![.<\w])")
+
+
+def _documented_commands() -> list[tuple[str, ...]]:
+    """Each `csr-ros COMMAND [SUBCOMMAND]` of the README and docs/: SUBCOMMAND where the word
+    after the command is one of its subcommands (`model prepare`, `serve vllm|llamacpp`)."""
+    import argparse
+    import importlib
+
+    from csr_ros.cli import SUBCOMMANDS
+
+    named: set[tuple[str, ...]] = set()
+    for doc in DOCS:
+        for command, word in COMMAND.findall(doc.read_text()):
+            if command not in SUBCOMMANDS:
+                continue                  # prose ("csr-ros is ...") or a placeholder (COMMAND)
+            named.add((command,))
+            parser = argparse.ArgumentParser()
+            importlib.import_module(f"csr_ros.tools.{SUBCOMMANDS[command][0]}") \
+                .add_arguments(parser)
+            choices = {c for a in parser._actions if not a.option_strings and a.choices
+                       for c in a.choices}             # subparsers and positional choices
+            named.update((command, w) for w in word.split("\\|") if w in choices)
+    return sorted(named)
+
+
+def _documented_modules() -> list[str]:
+    return sorted({m for doc in DOCS for m in MODULE.findall(doc.read_text())})
+
+
+def test_the_docs_name_the_commands_of_every_room():
+    commands = {c[0] for c in _documented_commands()}
+    assert {"demo", "bench", "soak", "eval", "fleet", "gateway", "serve", "replay"} <= commands
+    assert ("model", "prepare") in _documented_commands()
+
+
+@pytest.mark.parametrize("command", _documented_commands(), ids=" ".join)
+def test_every_csr_ros_command_the_docs_name_answers_help_with_exit_0(command):
+    done = subprocess.run([sys.executable, "-m", "csr_ros.cli", *command, "--help"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout
+
+
+@pytest.mark.parametrize("module", _documented_modules())
+def test_every_python_module_the_docs_run_exists_and_a_benchmark_answers_help(module):
+    assert importlib.util.find_spec(module) is not None, module
+    if module.startswith("csr_ros.nodes."):
+        return                           # a node: it starts on --ros-args, not on --help
+    done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout

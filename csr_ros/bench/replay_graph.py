@@ -23,13 +23,13 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import yaml
 
 from csr_ros.errors import ConfigError
+from csr_ros.harness.ros_graph import NodeProcess, Observer, stop_all
 from csr_ros.stats import percentile
 
 
@@ -56,66 +56,30 @@ def derived_params(params: Path, sets: list[str]) -> dict:
 
 
 class Recorder:
-    """Subscribes to what the nodes publish; thread-safe lists of (monotonic time, message)."""
+    """What the nodes publish, as (monotonic time, message): decisions, swaps, warnings and
+    above on /rosout, and the latest status of each name on /diagnostics."""
 
     def __init__(self):
-        import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
         from rcl_interfaces.msg import Log
-        from rclpy.executors import SingleThreadedExecutor
-        from rclpy.node import Node
 
         from csr_ros.msg import PolicyDecision, SwapEvent
         from csr_ros.nodes.common import DECISIONS_QOS, DIAGNOSTICS_QOS, ROSOUT_QOS, SWAPS_QOS
 
-        rclpy.init()
-        self.node = Node("csr_replay_recorder")
-        self.decisions, self.swaps, self.logs = [], [], []
+        self.observer = Observer("csr_replay_recorder")
+        self.decisions = self.observer.record(PolicyDecision, "csr/decisions", DECISIONS_QOS)
+        self.swaps = self.observer.record(SwapEvent, "csr/swaps", SWAPS_QOS)
+        self.logs = self.observer.record(Log, "/rosout", ROSOUT_QOS, lambda m: m.level >= 30)
         self.diagnostics: dict[str, tuple[float, object]] = {}
-        stamp = time.monotonic
-        self.node.create_subscription(PolicyDecision, "csr/decisions",
-                                      lambda m: self.decisions.append((stamp(), m)),
-                                      DECISIONS_QOS)
-        self.node.create_subscription(SwapEvent, "csr/swaps",
-                                      lambda m: self.swaps.append((stamp(), m)), SWAPS_QOS)
-        self.node.create_subscription(
-            Log, "/rosout", lambda m: self.logs.append((stamp(), m)) if m.level >= 30 else None,
-            ROSOUT_QOS)
 
-        def diagnostics(array):
+        def diagnostics(array) -> None:
             for status in array.status:
-                self.diagnostics[status.name] = (stamp(), status)
+                self.diagnostics[status.name] = (time.monotonic(), status)
 
-        self.node.create_subscription(DiagnosticArray, "/diagnostics", diagnostics,
-                                      DIAGNOSTICS_QOS)
-        self.executor = SingleThreadedExecutor()
-        self.executor.add_node(self.node)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self.thread.start()
+        self.observer.on(DiagnosticArray, "/diagnostics", DIAGNOSTICS_QOS, diagnostics)
 
     def close(self) -> None:
-        import rclpy
-
-        self.executor.shutdown()
-        self.node.destroy_node()
-        rclpy.try_shutdown()
-
-
-def _start(module: str, params: Path, log: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", module, "--ros-args", "--params-file",
-                             str(params)], stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env=env)
-
-
-def _stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> dict:
-    started = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        code = proc.wait()
-    return {"exit_code": code, "exit_s": round(time.monotonic() - started, 2)}
+        self.observer.close()
 
 
 def run(args) -> int:
@@ -128,15 +92,14 @@ def run(args) -> int:
     rate_hz = float(policy.get("rate_hz", 2.0))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     recorder = Recorder()
-    procs = {"aggregator": _start("csr_ros.nodes.aggregator", params, out / "aggregator.log", env),
-             "all_in_one": _start("csr_ros.nodes.all_in_one", params, out / "all_in_one.log",
-                                  env)}
+    procs = [NodeProcess(node, params, out / f"{node}.log", env)
+             for node in ("aggregator", "all_in_one")]
     report: dict = {"bag": [str(b) for b in args.bag], "rate": args.rate, "rate_hz": rate_hz,
                     "params": str(params), "sets": args.set}
     try:
         deadline = time.monotonic() + args.startup_s
         while not any(m.reason == "start" for _, m in recorder.swaps):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
+            if time.monotonic() > deadline or any(p.proc.poll() is not None for p in procs):
                 raise ConfigError(f"the nodes did not start (see {out}/*.log)")
             time.sleep(0.2)
         print(f"nodes up; playing {args.bag[0]} at rate {args.rate:g}", file=sys.stderr)
@@ -148,7 +111,7 @@ def run(args) -> int:
         time.sleep(args.tail_s)
         play_ended = time.monotonic()
     finally:
-        exits = {name: _stop(p) for name, p in procs.items()}
+        exits = stop_all(procs, signal.SIGINT, 30.0)
         time.sleep(0.5)
         recorder.close()
     window_s = play_ended - play_started

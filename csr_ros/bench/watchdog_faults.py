@@ -27,9 +27,7 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from csr_ros.errors import CsrError
+from csr_ros.harness.ros_graph import NodeProcess, Observer
 from csr_ros.ros_domain import free_ros_domain
 
 FAULTS = ("server killed", "server stalled", "invalid answers", "context overflow",
@@ -55,42 +54,23 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-class Observer:
+class Faults(Observer):
     """csr/actions and csr/decisions with their arrival times; a SetParameters and a
     ChangeState client of the policy, and a publisher of chunks."""
 
     def __init__(self):
-        import rclpy
         from lifecycle_msgs.srv import ChangeState
         from rcl_interfaces.srv import SetParameters
-        from rclpy.executors import SingleThreadedExecutor
-        from rclpy.node import Node
 
         from csr_ros.msg import Action, PolicyDecision, StateChunk
         from csr_ros.nodes.common import ACTIONS_QOS, CHUNKS_QOS, DECISIONS_QOS
 
-        rclpy.init()
-        self.node = Node("csr_watchdog_faults")
-        self.lock = threading.Lock()
-        self.actions: list[tuple[float, object]] = []
-        self.decisions: list[tuple[float, object]] = []
-        self.node.create_subscription(Action, "csr/actions", self._keep(self.actions),
-                                      ACTIONS_QOS)
-        self.node.create_subscription(PolicyDecision, "csr/decisions",
-                                      self._keep(self.decisions), DECISIONS_QOS)
+        super().__init__("csr_watchdog_faults")
+        self.actions = self.record(Action, "csr/actions", ACTIONS_QOS)
+        self.decisions = self.record(PolicyDecision, "csr/decisions", DECISIONS_QOS)
         self.chunks = self.node.create_publisher(StateChunk, "csr/chunks", CHUNKS_QOS)
         self.set_client = self.node.create_client(SetParameters, "/policy/set_parameters")
         self.change_client = self.node.create_client(ChangeState, "/policy/change_state")
-        self.executor = SingleThreadedExecutor()
-        self.executor.add_node(self.node)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self.thread.start()
-
-    def _keep(self, into: list):
-        def callback(msg):
-            with self.lock:
-                into.append((time.monotonic(), msg))
-        return callback
 
     def clear(self) -> None:
         with self.lock:
@@ -114,22 +94,11 @@ class Observer:
             time.sleep(0.02)
         raise CsrError(f"no {what} within {timeout_s:.0f} s")
 
-    def _call(self, client, request, timeout_s: float = 30.0):
-        if not client.wait_for_service(timeout_sec=timeout_s):
-            raise CsrError(f"{client.srv_name} is not there")
-        future = client.call_async(request)
-        deadline = time.monotonic() + timeout_s
-        while not future.done() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if not future.done():
-            raise CsrError(f"{client.srv_name} did not answer")
-        return future.result()
-
     def set_parameter(self, name: str, value) -> None:
         from rcl_interfaces.srv import SetParameters
         from rclpy.parameter import Parameter
 
-        answer = self._call(self.set_client, SetParameters.Request(
+        answer = self.call(self.set_client, SetParameters.Request(
             parameters=[Parameter(name, value=value).to_parameter_msg()]))
         if not answer.results[0].successful:
             raise CsrError(f"setting {name} was refused: {answer.results[0].reason}")
@@ -138,8 +107,8 @@ class Observer:
         from lifecycle_msgs.msg import Transition
         from lifecycle_msgs.srv import ChangeState
 
-        answer = self._call(self.change_client,
-                            ChangeState.Request(transition=Transition(label=transition)))
+        answer = self.call(self.change_client,
+                           ChangeState.Request(transition=Transition(label=transition)))
         if not answer.success:
             raise CsrError(f"the {transition} transition failed")
 
@@ -150,13 +119,6 @@ class Observer:
         self.chunks.publish(StateChunk(stamp=time_msg(time.time_ns()), seq=seq, source="log",
                                        text=text, stream=stream))
 
-    def close(self) -> None:
-        import rclpy
-
-        self.executor.shutdown()
-        self.node.destroy_node()
-        rclpy.try_shutdown()
-
 
 def _policy_params(url: str, args, **extra) -> dict:
     section = {"resource": {"kind": "openai", "r1_url": url, "r2_url": url,
@@ -166,35 +128,20 @@ def _policy_params(url: str, args, **extra) -> dict:
     return {"/**/policy": {"ros__parameters": section}}
 
 
-class Policy:
-    """The policy node in its own process."""
-
-    def __init__(self, out: Path, name: str, params: dict, env: dict):
-        path = out / f"{name}.params.yaml"
-        path.write_text(yaml.safe_dump(json.loads(json.dumps(params))))
-        self.log = open(out / f"{name}.policy.log", "w", encoding="utf-8")
-        self.proc = subprocess.Popen([sys.executable, "-m", "csr_ros.nodes.policy",
-                                      "--ros-args", "--params-file", str(path)], env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+def _start_policy(out: Path, name: str, params: dict, env: dict) -> NodeProcess:
+    """The policy node in its own process, on a params file of its own."""
+    path = out / f"{name}.params.yaml"
+    path.write_text(yaml.safe_dump(json.loads(json.dumps(params))))
+    return NodeProcess("policy", path, out / f"{name}.policy.log", env)
 
 
-def _until_valid(observer: Observer, since_s: float, n: int = 3,
+def _until_valid(observer: Faults, since_s: float, n: int = 3,
                  timeout_s: float = 300.0) -> None:
     observer.wait(f"{n} valid actions", lambda: len(observer.valid_actions(since_s)) >= n,
                   timeout_s)
 
 
-def _safe_after(observer: Observer, outcome: Outcome, fault_s: float, timeout_s: float) -> float:
+def _safe_after(observer: Faults, outcome: Outcome, fault_s: float, timeout_s: float) -> float:
     t, safe = observer.wait("safe action", lambda: observer.safe_actions(fault_s), timeout_s)[0]
     outcome.to_safe_s = round(t - fault_s, 2)
     outcome.cause = safe.cause
@@ -203,7 +150,7 @@ def _safe_after(observer: Observer, outcome: Outcome, fault_s: float, timeout_s:
     return t
 
 
-def _recovered(observer: Observer, outcome: Outcome, what: str, since_s: float) -> None:
+def _recovered(observer: Faults, outcome: Outcome, what: str, since_s: float) -> None:
     outcome.recovery = what
     t, _ = observer.wait("valid action after the recovery",
                          lambda: observer.valid_actions(since_s), 300.0)[0]
@@ -226,7 +173,7 @@ def run_faults(args) -> list[Outcome]:
                              n_threads=args.threads, model_alias="smollm2",
                              log_path=out / "llama_server.log")
     server.start()
-    observer = Observer()
+    observer = Faults()
     wait_s = 6 * args.stale_after_s + 60.0
     outcomes = []
     try:
@@ -240,7 +187,7 @@ def run_faults(args) -> list[Outcome]:
                 if fault == "context overflow" else {}
             name = fault.replace(" ", "_")
             observer.clear()
-            policy = Policy(out, name, _policy_params(server.url, args, **extra), env)
+            policy = _start_policy(out, name, _policy_params(server.url, args, **extra), env)
             try:
                 if fault == "context overflow":
                     _overflow(observer, outcome, wait_s)
@@ -290,7 +237,7 @@ def run_faults(args) -> list[Outcome]:
     return outcomes
 
 
-def _overflow(observer: Observer, outcome: Outcome, wait_s: float) -> None:
+def _overflow(observer: Faults, outcome: Outcome, wait_s: float) -> None:
     """Chunks of about 60 tokens, one a second, into a policy with context_tokens 1024 and
     no reconciler: the chunk that makes the prompt too long is the fault."""
     stream = "overflow"

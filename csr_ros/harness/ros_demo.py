@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,9 +29,6 @@ from pathlib import Path
 
 import yaml
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.context import Context
-from rclpy.executors import SingleThreadedExecutor
-from rclpy.node import Node
 
 from csr_ros.actions import Vocabulary
 from csr_ros.demo_episode import Episode
@@ -40,6 +36,7 @@ from csr_ros.episode_run import (Answered, EpisodeSettings, Event, GraphFigures,
                                  Sample, decision_figures)
 from csr_ros.errors import ConfigError, CsrError
 from csr_ros.harness.episode_loop import DemoEngines, LiveLine
+from csr_ros.harness.ros_graph import NodeProcess, Observer, stop_all
 from csr_ros.msg import PolicyDecision, StateChunk, SwapEvent
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, time_ns
 from csr_ros.ros_domain import free_ros_domain
@@ -89,29 +86,11 @@ class Observed:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class _Observer(Node):
-    def __init__(self, seen: Observed, context: Context):
-        super().__init__("csr_ros_demo_observer", context=context)
-        self.seen = seen
-        self.create_subscription(StateChunk, "csr/chunks", self._append("chunks"), CHUNKS_QOS)
-        self.create_subscription(PolicyDecision, "csr/decisions", self._append("decisions"),
-                                 DECISIONS_QOS)
-        self.create_subscription(SwapEvent, "csr/swaps", self._append("swaps"), SWAPS_QOS)
-        self.create_subscription(DiagnosticArray, "/diagnostics", self._diagnostics,
-                                 DIAGNOSTICS_QOS)
-
-    def _append(self, name: str):
-        def callback(msg):
-            with self.seen.lock:
-                getattr(self.seen, name).append(msg)
-        return callback
-
-    def _diagnostics(self, msg: DiagnosticArray) -> None:
-        for status in msg.status:
-            for node in ("reconciler", "policy"):
-                if status.name == f"csr_ros: {node}":
-                    with self.seen.lock:
-                        setattr(self.seen, node, {kv.key: kv.value for kv in status.values})
+def _diagnostics(seen: Observed, msg: DiagnosticArray) -> None:
+    for status in msg.status:
+        for node in ("reconciler", "policy"):
+            if status.name == f"csr_ros: {node}":
+                setattr(seen, node, {kv.key: kv.value for kv in status.values})
 
 
 def run_ros_demo(settings: EpisodeSettings, engines: DemoEngines,
@@ -140,30 +119,21 @@ def run_ros_demo(settings: EpisodeSettings, engines: DemoEngines,
     print(f"ROS graph in domain {env['ROS_DOMAIN_ID']}; parameters and node logs in {workdir}",
           file=sys.stderr)
 
-    import rclpy
-
     def stop(signum, frame):
         raise KeyboardInterrupt      # leave through `finally`: the node processes are stopped
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    context = Context()
-    rclpy.init(context=context)
-    seen = Observed()
-    executor = SingleThreadedExecutor(context=context)
-    observer = _Observer(seen, context)
-    executor.add_node(observer)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
-    procs: dict[str, subprocess.Popen] = {}
-    logs = []
+    observer = Observer("csr_ros_demo_observer")
+    seen = Observed(lock=observer.lock)
+    observer.on(StateChunk, "csr/chunks", CHUNKS_QOS, seen.chunks.append)
+    observer.on(PolicyDecision, "csr/decisions", DECISIONS_QOS, seen.decisions.append)
+    observer.on(SwapEvent, "csr/swaps", SWAPS_QOS, seen.swaps.append)
+    observer.on(DiagnosticArray, "/diagnostics", DIAGNOSTICS_QOS,
+                lambda msg: _diagnostics(seen, msg))
+    procs: dict[str, NodeProcess] = {}
 
     def start(node: str) -> None:
-        log = open(workdir / f"{node}.log", "w", encoding="utf-8")
-        logs.append(log)
-        procs[node] = subprocess.Popen(
-            [sys.executable, "-m", f"csr_ros.nodes.{node}", "--ros-args", "--params-file",
-             str(params_file)], env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT)
+        procs[node] = NodeProcess(node, params_file, workdir / f"{node}.log", env)
 
     started_wall_s = time.time()
     stopped_early = ""
@@ -173,16 +143,15 @@ def run_ros_demo(settings: EpisodeSettings, engines: DemoEngines,
         # the publisher starts its clock once the aggregator listens to all its topics
         deadline = time.monotonic() + 900
         while not seen.swaps:                       # the reconciler's 'start' event
-            _check_alive(procs, workdir)
+            _check_alive(procs)
             if time.monotonic() > deadline:
                 raise CsrError(f"all_in_one did not start within 900 s; see {workdir}")
             time.sleep(0.2)
         start("episode_publisher")
         started_wall_s = time.time()
-        stopped_early = _wait_until_done(settings, seen, procs, workdir, started_wall_s)
+        stopped_early = _wait_until_done(settings, seen, procs, started_wall_s)
         # the robot stops; the policy then decides over everything that arrived
-        procs["episode_publisher"].send_signal(signal.SIGTERM)
-        procs["episode_publisher"].wait(timeout=20)
+        procs["episode_publisher"].stop(signal.SIGTERM)
         drain_until = time.monotonic() + 30.0
         while time.monotonic() < drain_until:
             with seen.lock:
@@ -191,46 +160,31 @@ def run_ros_demo(settings: EpisodeSettings, engines: DemoEngines,
                     break
             time.sleep(0.2)
     finally:
-        for node in ("episode_publisher", "aggregator", "all_in_one"):
-            proc = procs.get(node)
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for node, proc in procs.items():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for log in logs:
-            log.close()
+        order = ("episode_publisher", "aggregator", "all_in_one")
+        exits = stop_all([procs[n] for n in order if n in procs], signal.SIGTERM, 20.0)
         time.sleep(0.2)
-        executor.shutdown()
-        spinner.join(timeout=5)
-        observer.destroy_node()
-        rclpy.try_shutdown(context=context)
+        observer.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    exit_codes = {node: proc.returncode for node, proc in procs.items()}
+    exit_codes = {node: exit["exit_code"] for node, exit in exits.items()}
     with seen.lock:
         summary = summarize(settings, seen, started_wall_s, time.time())
     return replace(summary, graph=replace(summary.graph, exit_codes=exit_codes,
                                           logs=str(workdir), stopped_early=stopped_early))
 
 
-def _check_alive(procs: dict[str, subprocess.Popen], workdir: Path) -> None:
-    for node, proc in procs.items():
-        if proc.poll() is not None:
-            tail = (workdir / f"{node}.log").read_text(errors="replace")[-2000:]
-            raise CsrError(f"{node} exited with {proc.returncode}:\n{tail}")
+def _check_alive(procs: dict[str, NodeProcess]) -> None:
+    for proc in procs.values():
+        proc.check_alive()
 
 
-def _wait_until_done(settings: EpisodeSettings, seen: Observed, procs, workdir: Path,
+def _wait_until_done(settings: EpisodeSettings, seen: Observed, procs: dict[str, NodeProcess],
                      started_wall_s: float) -> str:
     live = LiveLine(width=100)
     cycles_done_at = None
     while True:
         time.sleep(0.25)
-        _check_alive(procs, workdir)
+        _check_alive(procs)
         with seen.lock:
             cycles = sum(s.reason in CYCLE_REASONS for s in seen.swaps)
             n_decisions, n_chunks = len(seen.decisions), len(seen.chunks)
