@@ -137,8 +137,10 @@ def test_a_goal_cancelled_while_it_waits_leaves_the_queue_before_the_running_one
     assert not any(f.started for f in waiting.feedback)          # it never ran
     decoded = len(running.feedback)
     wait_for(lambda: len(running.feedback) > decoded, what="the first goal to go on decoding")
+    # the first goal was still decoding after the second left the queue; it may end on its
+    # own (the model's end of text) before its cancel arrives, and then it succeeds
     running.cancel()
-    assert running.result().status == GoalStatus.STATUS_CANCELED
+    assert running.result().status in (GoalStatus.STATUS_CANCELED, GoalStatus.STATUS_SUCCEEDED)
 
 
 def test_goals_sent_at_once_take_turns_with_the_periodic_decisions(graph, llama_server):
