@@ -58,11 +58,11 @@ class HFTokenizer:
         config = _read_json(model_dir / "tokenizer_config.json")
         template_file = model_dir / "chat_template.jinja"
         if template_file.is_file():
-            self._chat_template: str | None = template_file.read_text(encoding="utf-8")
+            self.chat_template: str | None = template_file.read_text(encoding="utf-8")
         else:
-            self._chat_template = config.get("chat_template")
+            self.chat_template = config.get("chat_template")
         added = self._template.get_added_tokens_decoder()
-        self._special = tuple(tok.content for _, tok in sorted(added.items()) if tok.special)
+        self.special_tokens = tuple(tok.content for _, tok in sorted(added.items()) if tok.special)
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
         eos = {self._template.token_to_id(t) for t in (self.eos_token, "<|endoftext|>") if t}
@@ -71,7 +71,7 @@ class HFTokenizer:
             eos.add(generation)
         elif isinstance(generation, list):
             eos.update(generation)
-        self._eos_ids = tuple(sorted(i for i in eos if i is not None))
+        self.eos_token_ids = tuple(sorted(i for i in eos if i is not None))
         self.vocab_size = self._template.get_vocab_size(with_added_tokens=True)
 
     def encode_data(self, text: str) -> list[int]:
@@ -82,18 +82,6 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._template.decode(list(ids), skip_special_tokens=False)
-
-    @property
-    def special_tokens(self) -> tuple[str, ...]:
-        return self._special
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self._eos_ids
-
-    @property
-    def chat_template(self) -> str | None:
-        return self._chat_template
 
 
 def render_chat_template(template: str, messages: list[dict], *, add_generation_prompt: bool,

@@ -12,7 +12,7 @@ import pytest
 from csr_ros.errors import ConfigError, ModelNotFoundError
 from csr_ros.bench.eval.episode import EvalEpisode, Question
 from csr_ros.bench.eval.run import (LABEL_INSTRUCTION, TEXT_INSTRUCTION, Asking, QuestionRecord,
-                              task_text)
+                                    task_text)
 from csr_ros.bench.eval.scoring import option_labels, option_order
 from support.choice_prompts import ROOMS, lettered_prompts, robot_state
 

@@ -10,7 +10,7 @@ import pytest
 
 from csr_ros.errors import ConfigError
 from csr_ros.bench.eval.episode import (EvalEpisode, Observation, Question, ama_episodes,
-                                  load_questions)
+                                        load_questions)
 from csr_ros.bench.eval.scoring import contains_answer, exact_match, match_choice, normalize_answer
 from csr_ros.stats import percentile, wilson_interval
 

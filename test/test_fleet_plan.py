@@ -9,8 +9,8 @@ import pytest
 from csr_ros.episode_run import Answered, EpisodeSettings, RunSummary, Sample, decision_figures
 from csr_ros.errors import ConfigError
 from csr_ros.bench.fleet_plan import (RUN_KEYS, RunSpec, cache_counters, hit_ratio, markdown_table,
-                           merge_usage, parse_counts, plan_runs, robot_id, robot_seed,
-                           robot_summary, run_summary, server_cache_delta)
+                                      merge_usage, parse_counts, plan_runs, robot_id, robot_seed,
+                                      robot_summary, run_summary, server_cache_delta)
 from csr_ros.resources.openai import ROUTING_KEY_HEADER, OpenAIOptions, OpenAIResource
 from csr_ros.router import (ROUTER_POLICIES, counter_value, parse_metrics, routed_per_worker,
                             router_command, vllm_pool_server)

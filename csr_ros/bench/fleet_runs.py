@@ -25,8 +25,9 @@ from typing import Callable
 
 from csr_ros.episode_run import EpisodeSettings
 from csr_ros.errors import ResourceError, ResourceTimeoutError
-from csr_ros.bench.fleet_plan import (RunSpec, cache_counters, markdown_table, merge_usage, robot_id,
-                                robot_seed, robot_summary, run_summary, server_cache_delta)
+from csr_ros.bench.fleet_plan import (RunSpec, cache_counters, markdown_table, merge_usage,
+                                      robot_id, robot_seed, robot_summary, run_summary,
+                                      server_cache_delta)
 from csr_ros.harness.episode_loop import run_episode
 from csr_ros.resources.openai import OpenAIOptions, OpenAIResource
 from csr_ros.router import ServerPool

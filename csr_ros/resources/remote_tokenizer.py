@@ -51,15 +51,15 @@ class RemoteTokenizer:
                                               timeout=timeout_s, trust_env=False)
         self._owns_client = client is None
         meta = _read_metadata(Path(model_dir)) if model_dir is not None else {}
-        self._special = tuple(special_tokens if special_tokens is not None
+        self.special_tokens = tuple(special_tokens if special_tokens is not None
                               else meta.get("special_tokens", ()))
-        self._eos_ids = tuple(eos_token_ids if eos_token_ids is not None
+        self.eos_token_ids = tuple(eos_token_ids if eos_token_ids is not None
                               else meta.get("eos_token_ids", ()))
-        self._chat_template = chat_template if chat_template is not None \
+        self.chat_template = chat_template if chat_template is not None \
             else meta.get("chat_template")
         self.bos_token = meta.get("bos_token")
         self.eos_token = meta.get("eos_token")
-        if special_tokens is None and not self._special:
+        if special_tokens is None and not self.special_tokens:
             log.warning("RemoteTokenizer(%s) knows no special tokens: pass model_dir= so that "
                         "data text spelling a control token is refused", self.url)
         self.dialect = detect_dialect(self._client) if dialect == "auto" else dialect
@@ -75,7 +75,7 @@ class RemoteTokenizer:
     # -- the Tokenizer protocol -----------------------------------------------------------
 
     def encode_data(self, text: str) -> list[int]:
-        found = [t for t in self._special if t and t in text]
+        found = [t for t in self.special_tokens if t and t in text]
         if found:
             msg = (f"text spells special token(s) {found}; a server-side tokenizer would parse "
                    "them as control tokens. Use the state's text mode (it escapes them) or a "
@@ -91,18 +91,6 @@ class RemoteTokenizer:
             body = self._post("/detokenize", {"tokens": list(ids), **self._model_field()})
             return body["prompt"]
         return self._post("/extras/detokenize", {"tokens": list(ids)})["text"]
-
-    @property
-    def special_tokens(self) -> tuple[str, ...]:
-        return self._special
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self._eos_ids
-
-    @property
-    def chat_template(self) -> str | None:
-        return self._chat_template
 
     def close(self) -> None:
         if self._owns_client:

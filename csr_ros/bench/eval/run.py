@@ -32,8 +32,8 @@ from csr_ros.bench.eval.episode import NS_PER_S, EvalEpisode, Observation, Quest
 from csr_ros.bench.eval.evidence import covered, resolve
 from csr_ros.bench.eval.methods import METHODS, Bm25Method, CsrMethod, NoMemoryMethod, WindowMethod
 from csr_ros.bench.eval.scoring import (CHOICE_SCORINGS, ContentFreePrior, ask, ask_choices,
-                                  contains_answer, exact_match, lettered_options,
-                                  option_labels, option_order, token_f1)
+                                        contains_answer, exact_match, lettered_options,
+                                        option_labels, option_order, token_f1)
 from csr_ros.layout import Layout
 from csr_ros.node_logic.suffix import InstantValue, build_suffix
 
