@@ -14,9 +14,15 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Iterator
+
+from csr_ros.actions import SeenValues, Vocabulary
+from csr_ros.layout import Layout
+from csr_ros.state import CsrState, Request
+from csr_ros.tokenizer import Tokenizer
 
 ROOMS = ("kitchen", "living_room", "hallway", "office", "bedroom", "bathroom", "garage")
 OBJECTS = ("red_mug", "blue_cup", "apple", "book", "keys", "phone", "remote", "towel",
@@ -170,3 +176,18 @@ class Episode:
         if room != goal_room:
             return f"go_to({goal_room})", "succeeded", goal_room
         return f"place({held})", "succeeded", room
+
+
+def typed_decision(episode: Episode, tokenizer: Tokenizer,
+                   chunks: int) -> tuple[Request, Vocabulary]:
+    """The typed-action decision that the main job makes after `chunks` chunks: the CSR request
+    over them (typed profile, task, the time) and the vocabulary bound to the values seen."""
+    vocab = Vocabulary.parse(episode.action_specs)
+    seen = SeenValues(episode.seen_patterns)
+    state = CsrState(tokenizer=tokenizer, layout=Layout.from_tokenizer(tokenizer),
+                     profile=episode.typed_profile(vocab.describe()))
+    for item in itertools.islice(episode.stream(), chunks):
+        state.add(item.text, source=item.source)
+        seen.observe(item.text)
+    request = state.build_request(task=episode.typed_task(), suffix=episode.suffix(chunks / 2))
+    return request, vocab.bind(seen.values())

@@ -12,15 +12,11 @@ token-mask time per decoded token, and how many answers parse into a valid actio
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Sequence
 
-from csr_ros.actions import SeenValues, Vocabulary
-from csr_ros.demo_episode import Episode
+from csr_ros.demo_episode import Episode, typed_decision
 from csr_ros.errors import ConfigError
-from csr_ros.layout import Layout
-from csr_ros.state import CsrState
 from csr_ros.stats import percentile
 
 MODES = ("choice", "grammar", "free")
@@ -41,17 +37,7 @@ def run_bench(*, modes: Sequence[str] = MODES, chunks: int = 60, reps: int = 10,
                              dtype=dtype)
     try:
         tokenizer = resource.engine.tokenizer
-        episode = Episode(seed)
-        vocab = Vocabulary.parse(episode.action_specs)
-        seen = SeenValues(episode.seen_patterns)
-        state = CsrState(tokenizer=tokenizer, layout=Layout.from_tokenizer(tokenizer),
-                         profile=episode.typed_profile(vocab.describe()))
-        for item in itertools.islice(episode.stream(), chunks):
-            state.add(item.text, source=item.source)
-            seen.observe(item.text)
-        bound = vocab.bind(seen.values())
-        request = state.build_request(task=episode.typed_task(),
-                                      suffix=episode.suffix(chunks / 2))
+        request, bound = typed_decision(Episode(seed), tokenizer, chunks)
         resource.load(request.static_ids)
         constraints = {"choice": bound.constraint("choice"),
                        "grammar": bound.constraint("grammar"), "free": None}

@@ -20,7 +20,6 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.metadata
-import itertools
 import json
 import os
 import statistics
@@ -301,24 +300,13 @@ def measure(have: Sequence[Candidate], model: str, *, threads: int | None, chunk
 
 def _decision(model: str, chunks: int):
     """The demo episode's typed-action request after `chunks` chunks, and its grammar."""
-    from csr_ros.actions import SeenValues, Vocabulary
-    from csr_ros.demo_episode import Episode
-    from csr_ros.layout import Layout
+    from csr_ros.demo_episode import Episode, typed_decision
     from csr_ros.model_store import resolve_model_dir
-    from csr_ros.state import CsrState
     from csr_ros.tokenizer import HFTokenizer
 
     tokenizer = HFTokenizer(resolve_model_dir(model, weights=False))
-    episode = Episode(0)
-    vocab = Vocabulary.parse(episode.action_specs)
-    seen = SeenValues(episode.seen_patterns)
-    state = CsrState(tokenizer=tokenizer, layout=Layout.from_tokenizer(tokenizer),
-                     profile=episode.typed_profile(vocab.describe()))
-    for item in itertools.islice(episode.stream(), chunks):
-        state.add(item.text, source=item.source)
-        seen.observe(item.text)
-    request = state.build_request(task=episode.typed_task(), suffix=episode.suffix(chunks / 2))
-    return request, vocab.bind(seen.values()).constraint("grammar")
+    request, bound = typed_decision(Episode(0), tokenizer, chunks)
+    return request, bound.constraint("grammar")
 
 
 @contextlib.contextmanager
