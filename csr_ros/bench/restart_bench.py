@@ -70,21 +70,14 @@ def chunk_text(seq: int) -> str:
     t_s = 10_000 + int(seq * TOKENS_PER_CHUNK / TOKENS_PER_S) % 90_000
     x, y = (seq * 37 % 211) / 10 - 10, (seq * 53 % 197) / 10 - 9
     place = _PLACES[seq % len(_PLACES)]
-    kind = seq % 7
-    if kind == 0:
-        body = f"odom: at {x:.1f},{y:.1f} heading {seq * 29 % 360 - 180} moving"
-    elif kind == 1:
-        body = f"scan: nearest {seq % 30 / 10 + 0.2:.1f}m front-left, blocked ahead 0.9m"
-    elif kind == 2:
-        body = f"battery: {100 - seq % 97}% discharging"
-    elif kind == 3:
-        body = f"detections: cup 0.{seq % 90 + 10} at {x:.1f},{y:.1f}, person 0.{seq % 70 + 20}"
-    elif kind == 4:
-        body = f"speech: alice: please bring me the towel from the {place}"
-    elif kind == 5:
-        body = f"nav_status: {seq % 65536:04x} succeeded"
-    else:
-        body = f"actions: navigate_to_pose({place}): succeeded"
+    bodies = (f"odom: at {x:.1f},{y:.1f} heading {seq * 29 % 360 - 180} moving",
+              f"scan: nearest {seq % 30 / 10 + 0.2:.1f}m front-left, blocked ahead 0.9m",
+              f"battery: {100 - seq % 97}% discharging",
+              f"detections: cup 0.{seq % 90 + 10} at {x:.1f},{y:.1f}, person 0.{seq % 70 + 20}",
+              f"speech: alice: please bring me the towel from the {place}",
+              f"nav_status: {seq % 65536:04x} succeeded",
+              f"actions: navigate_to_pose({place}): succeeded")
+    body = bodies[seq % len(bodies)]
     return f"{t_s}s {body}\n"
 
 
