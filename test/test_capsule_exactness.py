@@ -11,35 +11,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from csr_ros.engine import TorchCapsule, TorchEngine  # noqa: E402
+from csr_ros.engine import TorchEngine  # noqa: E402
 from csr_ros.errors import CapsuleError, CapsuleMismatchError, StaleCapsuleError  # noqa: E402
+from support.engine_checks import assert_capsule_restores_exactly, assert_same_state  # noqa: E402
 
 HYBRID_PROMPT = [(i * 37 + 11) % 256 for i in range(260)]
 
 
-def assert_same_state(a: TorchCapsule, b: TorchCapsule) -> None:
-    """Every tensor of two materialized capsules is equal, bit for bit."""
-    assert (a.n_tokens, a.token_ids, a.layer_types) == (b.n_tokens, b.token_ids, b.layer_types)
-    assert torch.equal(a.last_logits, b.last_logits)
-    assert sorted(a.linear_state) == sorted(b.linear_state)
-    for name in a.linear_state:
-        assert torch.equal(a.linear_state[name], b.linear_state[name]), name
-    assert len(a.kv) == len(b.kv)
-    for (ka, va), (kb, vb) in zip(a.kv, b.kv):
-        assert torch.equal(ka, kb) and torch.equal(va, vb)
-
-
 def test_restoring_a_capsule_is_byte_exact_and_decodes_identically_on_smollm2(smollm2,
                                                                               robot_prompt):
-    static, dynamic = robot_prompt
-    smollm2.extend(static)
-    capsule = smollm2.snapshot()
-    taken = capsule.materialize()
-    live = smollm2.query(dynamic, max_new_tokens=6)
-    smollm2.extend(dynamic)                      # move on: more committed tokens
-    smollm2.restore(capsule)                     # O(1) for K/V
-    assert_same_state(taken, smollm2.snapshot().materialize())
-    assert smollm2.query(dynamic, max_new_tokens=6).token_ids == live.token_ids
+    assert_capsule_restores_exactly(smollm2, *robot_prompt)
 
 
 def test_restoring_a_capsule_is_byte_exact_on_the_hybrid_model(tiny_hybrid):

@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 
 from csr_ros.errors import ConfigError, ContextOverflowError, StateMismatchError  # noqa: E402
 from csr_ros.state import QueryId, Request, Version  # noqa: E402
+from support.engine_checks import assert_greedy_matches_generate  # noqa: E402
 
 
 def _request(static, dynamic) -> Request:
@@ -74,14 +75,8 @@ def test_csr_and_cold_prefill_agree_on_the_hybrid_model(tiny_hybrid, tiny_hybrid
 
 def test_greedy_decoding_on_the_lean_forward_matches_transformers_generate(smollm2,
                                                                            robot_prompt):
-    static, dynamic = robot_prompt
     assert smollm2.forward_kind == "lean" and smollm2.precision == "torch.float32"
-    smollm2.extend(static)
-    ours = smollm2.query(dynamic, max_new_tokens=8, eos_ids=())
-    with torch.inference_mode():
-        out = smollm2.model.generate(torch.tensor([list(static) + list(dynamic)]),
-                                     max_new_tokens=8, min_new_tokens=8, do_sample=False)
-    assert list(ours.token_ids) == out[0, len(static) + len(dynamic):].tolist()
+    assert_greedy_matches_generate(smollm2, *robot_prompt)
 
 
 def test_extending_past_the_context_maximum_is_refused_before_any_compute(smollm2):

@@ -17,6 +17,8 @@ torch = pytest.importorskip("torch")
 
 from csr_ros.errors import ModelNotFoundError  # noqa: E402
 from csr_ros.model_store import resolve_gguf  # noqa: E402
+from support.engine_checks import (assert_capsule_restores_exactly,  # noqa: E402
+                                   assert_greedy_matches_generate)
 
 MODEL = "qwen2.5-coder-0.5b"
 
@@ -78,14 +80,8 @@ def test_qwen2_runs_on_the_lean_forward_with_its_qkv_biases(qwen):
 
 def test_greedy_decoding_of_qwen2_on_the_lean_forward_matches_transformers_generate(
         qwen, qwen_prompt):
-    static, dynamic = qwen_prompt
     assert qwen.precision == "torch.float32"
-    qwen.extend(static)
-    ours = qwen.query(dynamic, max_new_tokens=8, eos_ids=())
-    with torch.inference_mode():
-        out = qwen.model.generate(torch.tensor([list(static) + list(dynamic)]),
-                                  max_new_tokens=8, min_new_tokens=8, do_sample=False)
-    assert list(ours.token_ids) == out[0, len(static) + len(dynamic):].tolist()
+    assert_greedy_matches_generate(qwen, *qwen_prompt)
 
 
 def test_the_lean_forward_of_qwen2_gives_transformers_logits_within_float32_rounding(
@@ -101,19 +97,7 @@ def test_the_lean_forward_of_qwen2_gives_transformers_logits_within_float32_roun
 
 
 def test_restoring_a_capsule_of_qwen2_is_byte_exact_and_decodes_identically(qwen, qwen_prompt):
-    static, dynamic = qwen_prompt
-    qwen.extend(static)
-    capsule = qwen.snapshot()
-    taken = capsule.materialize()
-    live = qwen.query(dynamic, max_new_tokens=6)
-    qwen.extend(dynamic)                        # move on: more committed tokens
-    qwen.restore(capsule)
-    again = qwen.snapshot().materialize()
-    assert (again.n_tokens, again.token_ids) == (taken.n_tokens, taken.token_ids)
-    assert torch.equal(again.last_logits, taken.last_logits)
-    assert all(torch.equal(ka, kb) and torch.equal(va, vb)
-               for (ka, va), (kb, vb) in zip(again.kv, taken.kv))
-    assert qwen.query(dynamic, max_new_tokens=6).token_ids == live.token_ids
+    assert_capsule_restores_exactly(qwen, *qwen_prompt)
 
 
 def test_a_fork_of_a_qwen2_engine_decodes_like_its_parent_and_stays_independent(qwen,
