@@ -37,7 +37,7 @@ MARGIN_S = 1.0                 # an event is asked about only once its chunk is 
 
 def default_params() -> Path | None:
     """config/csr_ros.yaml of a source checkout (the aggregator's sources for the patrol)."""
-    path = Path(__file__).resolve().parents[2] / "config" / "csr_ros.yaml"
+    path = Path(__file__).resolve().parents[3] / "config" / "csr_ros.yaml"
     return path if path.is_file() else None
 
 
