@@ -137,3 +137,13 @@ def layout(tokenizer):
     from csr_ros.layout import Layout
 
     return Layout.from_tokenizer(tokenizer)
+
+
+@pytest.fixture
+def resources(smollm2):
+    """The recall evaluation's resources over the session's SmolLM2 engine, closed after."""
+    from csr_ros.bench.eval.run import EvalResources
+
+    resources = EvalResources.local(engine=smollm2)
+    yield resources
+    resources.close()

@@ -150,30 +150,25 @@ def test_each_scoring_rule_is_compared_with_the_no_memory_answers_of_the_same_ru
 # -- scoring on the real SmolLM2 ------------------------------------------------------------------
 
 def test_label_scoring_reads_the_letters_log_probabilities_after_one_pass_over_the_dynamic_part(
-        smollm2):
-    from csr_ros.bench.eval.run import EvalResources
+        resources, smollm2):
     from csr_ros.bench.eval.scoring import ask
 
-    resources = EvalResources.local(engine=smollm2)
-    try:
-        question = Question(t_s=30.0, question="Where was the red mug last seen?",
-                            answer="office", choices=ROOMS)
-        state = robot_state(resources.tokenizer, {"red_mug": "office"})
-        request = state.build_request(task=task_text(question, "label"), suffix="now: 30s")
-        resources.primary.load(request.static_ids)
-        answer = ask(resources.primary, request, choices=ROOMS, scoring="label",
-                     tokenizer=resources.tokenizer)
-        assert smollm2.committed_ids == request.static_ids            # nothing left behind
-        smollm2.load(list(request.ids))                                # cold, from scratch
-        first = smollm2.last_logits.log_softmax(-1)
-        letters = [resources.tokenizer.encode_data(letter) for letter in "ABCD"]
-        assert all(len(ids) == 1 for ids in letters)
-        expected = [float(first[ids[0]]) for ids in letters]
-        assert answer.choice_scores == pytest.approx(expected, abs=2e-3)
-        best = max(range(4), key=expected.__getitem__)
-        assert (answer.label, answer.prediction) == ("ABCD"[best], ROOMS[best])
-    finally:
-        resources.close()
+    question = Question(t_s=30.0, question="Where was the red mug last seen?",
+                        answer="office", choices=ROOMS)
+    state = robot_state(resources.tokenizer, {"red_mug": "office"})
+    request = state.build_request(task=task_text(question, "label"), suffix="now: 30s")
+    resources.primary.load(request.static_ids)
+    answer = ask(resources.primary, request, choices=ROOMS, scoring="label",
+                 tokenizer=resources.tokenizer)
+    assert smollm2.committed_ids == request.static_ids            # nothing left behind
+    smollm2.load(list(request.ids))                                # cold, from scratch
+    first = smollm2.last_logits.log_softmax(-1)
+    letters = [resources.tokenizer.encode_data(letter) for letter in "ABCD"]
+    assert all(len(ids) == 1 for ids in letters)
+    expected = [float(first[ids[0]]) for ids in letters]
+    assert answer.choice_scores == pytest.approx(expected, abs=2e-3)
+    best = max(range(4), key=expected.__getitem__)
+    assert (answer.label, answer.prediction) == ("ABCD"[best], ROOMS[best])
 
 
 def test_pmi_subtracts_each_options_content_free_log_likelihood_computed_once_per_option(smollm2):
@@ -224,29 +219,24 @@ def test_pmi_subtracts_each_options_content_free_log_likelihood_computed_once_pe
         resources.close()
 
 
-def test_the_one_chunk_window_holds_the_latest_chunk_only(smollm2):
+def test_the_one_chunk_window_holds_the_latest_chunk_only(resources):
     from csr_ros.bench.eval.episode import Observation
     from csr_ros.bench.eval.methods import WindowMethod
-    from csr_ros.bench.eval.run import EvalResources
 
-    resources = EvalResources.local(engine=smollm2)
-    try:
-        method = WindowMethod(resources.primary, resources.tokenizer, resources.layout,
-                              window_chunks=1)
-        assert method.budget == {"window_chunks": 1}
-        assert method.label == "window window_chunks=1"
-        method.begin("profile")
-        assert method.select("anything?") == []
-        for i, text in enumerate(["odom: in the hallway", "camera: red_mug in the office",
-                                  "speech: bob said hello"]):
-            method.observe(Observation(t_s=i, source="s", text=text, stamp_ns=i))
-        assert [c.text for c in method.select("Where is the red mug?")] == [
-            "speech: bob said hello\n"]
-        with pytest.raises(ConfigError, match="give one of them"):
-            WindowMethod(resources.primary, resources.tokenizer, resources.layout,
-                         window_tokens=10, window_chunks=1)
-    finally:
-        resources.close()
+    method = WindowMethod(resources.primary, resources.tokenizer, resources.layout,
+                          window_chunks=1)
+    assert method.budget == {"window_chunks": 1}
+    assert method.label == "window window_chunks=1"
+    method.begin("profile")
+    assert method.select("anything?") == []
+    for i, text in enumerate(["odom: in the hallway", "camera: red_mug in the office",
+                              "speech: bob said hello"]):
+        method.observe(Observation(t_s=i, source="s", text=text, stamp_ns=i))
+    assert [c.text for c in method.select("Where is the red mug?")] == [
+        "speech: bob said hello\n"]
+    with pytest.raises(ConfigError, match="give one of them"):
+        WindowMethod(resources.primary, resources.tokenizer, resources.layout,
+                     window_tokens=10, window_chunks=1)
 
 
 # -- a model that reads its context: Qwen2.5-Coder-1.5B -------------------------------------------

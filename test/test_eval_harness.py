@@ -107,72 +107,58 @@ def test_percentile_interpolates_between_order_statistics():
 
 # -- methods on the real tokenizer ----------------------------------------------------------------
 
-def test_bm25_retrieves_the_chunk_that_names_the_object_across_underscores(smollm2):
+def test_bm25_retrieves_the_chunk_that_names_the_object_across_underscores(resources):
     from csr_ros.bench.eval.methods import Bm25Method
-    from csr_ros.bench.eval.run import EvalResources
 
-    resources = EvalResources.local(engine=smollm2)
-    try:
-        method = Bm25Method(resources.primary, resources.tokenizer, resources.layout, k=1)
-        method.begin("profile")
-        for i, text in enumerate(["camera: detections=[red_mug 0.93] room=office",
-                                  "odom: x=1.0 y=2.0", "speech: Bob: bring me the apple",
-                                  "camera: detections=[plant 0.8] room=garage"]):
-            method.observe(Observation(t_s=i, source="s", text=text, stamp_ns=i))
-        assert [c.text for c in method.select("Where was the red mug last seen?")] == [
-            "camera: detections=[red_mug 0.93] room=office\n"]
-        method.k = 3
-        picked = method.select("red mug or the apple?")
-        assert [c.seq for c in picked] == sorted(c.seq for c in picked)   # in time order
-    finally:
-        resources.close()
+    method = Bm25Method(resources.primary, resources.tokenizer, resources.layout, k=1)
+    method.begin("profile")
+    for i, text in enumerate(["camera: detections=[red_mug 0.93] room=office",
+                              "odom: x=1.0 y=2.0", "speech: Bob: bring me the apple",
+                              "camera: detections=[plant 0.8] room=garage"]):
+        method.observe(Observation(t_s=i, source="s", text=text, stamp_ns=i))
+    assert [c.text for c in method.select("Where was the red mug last seen?")] == [
+        "camera: detections=[red_mug 0.93] room=office\n"]
+    method.k = 3
+    picked = method.select("red mug or the apple?")
+    assert [c.seq for c in picked] == sorted(c.seq for c in picked)   # in time order
 
 
-def test_the_window_keeps_the_newest_chunks_that_fit_its_budget(smollm2):
+def test_the_window_keeps_the_newest_chunks_that_fit_its_budget(resources):
     from csr_ros.bench.eval.methods import WindowMethod
-    from csr_ros.bench.eval.run import EvalResources
 
-    resources = EvalResources.local(engine=smollm2)
-    try:
-        method = WindowMethod(resources.primary, resources.tokenizer, resources.layout,
-                              window_tokens=40)
-        method.begin("profile")
-        for i in range(10):
-            method.observe(Observation(t_s=i, source="s", text=f"odom: x={i}.5 y=2.25 yaw=90",
-                                       stamp_ns=i))
-        picked = method.select("q")
-        assert picked and picked[-1].seq == 9
-        assert sum(c.n_tokens for c in picked) <= 40
-        assert sum(c.n_tokens for c in method.history.chunks[-len(picked) - 1:]) > 40
-    finally:
-        resources.close()
+    method = WindowMethod(resources.primary, resources.tokenizer, resources.layout,
+                          window_tokens=40)
+    method.begin("profile")
+    for i in range(10):
+        method.observe(Observation(t_s=i, source="s", text=f"odom: x={i}.5 y=2.25 yaw=90",
+                                   stamp_ns=i))
+    picked = method.select("q")
+    assert picked and picked[-1].seq == 9
+    assert sum(c.n_tokens for c in picked) <= 40
+    assert sum(c.n_tokens for c in method.history.chunks[-len(picked) - 1:]) > 40
 
 
 # -- choice scoring on the local engine ---------------------------------------------------------
 
-def test_choice_scores_from_a_scratch_of_the_cached_state_equal_a_cold_computation(smollm2):
+def test_choice_scores_from_a_scratch_of_the_cached_state_equal_a_cold_computation(resources,
+                                                                                  smollm2):
     from csr_ros.bench.eval.scoring import score_choices_local
-    from csr_ros.bench.eval.run import EvalResources
     from csr_ros.state import CsrState
 
-    resources = EvalResources.local(engine=smollm2)
-    try:
-        state = CsrState(tokenizer=resources.tokenizer, layout=resources.layout,
-                         profile="You answer questions about a robot.")
-        state.add("camera: red_mug seen in the office", source="camera", stamp_ns=1)
-        request = state.build_request(task="Where was the red mug? Options: office; garage")
-        choices = [resources.tokenizer.encode_data(c) for c in ("office", "the garage")]
-        resources.primary.load(request.static_ids)
-        _, _, scores = score_choices_local(resources.primary, request, choices)
-        assert smollm2.committed_ids == request.static_ids        # nothing left behind
-        for ids, got in zip(choices, scores):
-            expected = []
-            for j, tok in enumerate(ids):
-                smollm2.load(list(request.ids) + list(ids[:j]))    # cold, from scratch
-                expected.append(float(smollm2.last_logits.log_softmax(-1)[tok]))
-            assert got == pytest.approx(expected, abs=2e-3)
-    finally:
-        resources.close()
+    state = CsrState(tokenizer=resources.tokenizer, layout=resources.layout,
+                     profile="You answer questions about a robot.")
+    state.add("camera: red_mug seen in the office", source="camera", stamp_ns=1)
+    request = state.build_request(task="Where was the red mug? Options: office; garage")
+    choices = [resources.tokenizer.encode_data(c) for c in ("office", "the garage")]
+    resources.primary.load(request.static_ids)
+    _, _, scores = score_choices_local(resources.primary, request, choices)
+    assert smollm2.committed_ids == request.static_ids        # nothing left behind
+    for ids, got in zip(choices, scores):
+        expected = []
+        for j, tok in enumerate(ids):
+            smollm2.load(list(request.ids) + list(ids[:j]))    # cold, from scratch
+            expected.append(float(smollm2.last_logits.log_softmax(-1)[tok]))
+        assert got == pytest.approx(expected, abs=2e-3)
 
 
 # -- a short evaluation end to end --------------------------------------------------------------

@@ -51,20 +51,17 @@ def probe(graph):
 
     A module whose tests read another recorder defines its own `probe`, which wins there."""
     from diagnostic_msgs.msg import DiagnosticArray
-    from std_msgs.msg import String
 
     from csr_ros.msg import Action, PolicyDecision, StateChunk
     from csr_ros.nodes.common import ACTIONS_QOS, CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS
 
-    node = graph.node("csr_ros_lifecycle_probe")
-    node.received = {"chunks": [], "decisions": [], "actions": []}
+    from support.ros_nodes import recording_probe
+
+    node = recording_probe(graph, "csr_ros_lifecycle_probe",
+                           chunks=(StateChunk, "csr/chunks", CHUNKS_QOS),
+                           decisions=(PolicyDecision, "csr/decisions", DECISIONS_QOS),
+                           actions=(Action, "csr/actions", ACTIONS_QOS))
     node.statuses: dict[str, list] = {}
-    node.speech_pub = node.create_publisher(String, "/test/speech", 100)
-    node.chunks_sub = node.create_subscription(StateChunk, "csr/chunks",
-                                               node.received["chunks"].append, CHUNKS_QOS)
-    node.create_subscription(PolicyDecision, "csr/decisions", node.received["decisions"].append,
-                             DECISIONS_QOS)
-    node.create_subscription(Action, "csr/actions", node.received["actions"].append, ACTIONS_QOS)
 
     def diagnostics(msg):
         for status in msg.status:

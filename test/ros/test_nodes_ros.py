@@ -25,7 +25,7 @@ from csr_ros.nodes.reconciler import ReconcilerNode
 from csr_ros.srv import GetChunks
 
 from support.ros_graph import call
-from support.ros_nodes import SPEECH, say
+from support.ros_nodes import SPEECH, local_reconciler, recording_probe, say
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
@@ -34,15 +34,11 @@ pytestmark = pytest.mark.ros
 def probe(graph):
     """A plain node that publishes inputs and records what the csr_ros nodes publish: this
     file's own probe (it also publishes goals and records swap events), not the conftest's."""
-    node = graph.node("csr_ros_test_probe")
-    node.received = {"chunks": [], "decisions": [], "swaps": []}
-    node.speech_pub = node.create_publisher(String, "/test/speech", 100)
+    node = recording_probe(graph, "csr_ros_test_probe",
+                           chunks=(StateChunk, "csr/chunks", CHUNKS_QOS),
+                           decisions=(PolicyDecision, "csr/decisions", DECISIONS_QOS),
+                           swaps=(SwapEvent, "csr/swaps", SWAPS_QOS))
     node.goal_pub = node.create_publisher(String, "/test/goal", 10)
-    node.chunks_sub = node.create_subscription(StateChunk, "csr/chunks",
-                                               node.received["chunks"].append, CHUNKS_QOS)
-    node.create_subscription(PolicyDecision, "csr/decisions", node.received["decisions"].append,
-                             DECISIONS_QOS)
-    node.create_subscription(SwapEvent, "csr/swaps", node.received["swaps"].append, SWAPS_QOS)
     return node
 
 
@@ -83,13 +79,8 @@ def test_chunks_in_decision_and_swap_event_out_and_a_standalone_policy_folds_the
     standalone policy node (as on a robot, talking to servers) folds that event: it ends on the
     reconciler's version with exactly the reconciler's tokens."""
     graph.add(AggregatorNode(context=graph.context, parameter_overrides=SPEECH))
-    reconciler = graph.add(ReconcilerNode(context=graph.context, parameter_overrides=[
-        Parameter("resource.kind", Parameter.Type.STRING, "local"),
-        Parameter("resource.threads", Parameter.Type.INTEGER, 1),
-        Parameter("context_tokens", Parameter.Type.INTEGER, 2048),
-        Parameter("tau_mem_tokens", Parameter.Type.INTEGER, 300),
-        Parameter("reserve_tokens", Parameter.Type.INTEGER, 256),
-        Parameter("n_catchup_tokens", Parameter.Type.INTEGER, 16)]))
+    reconciler = graph.add(ReconcilerNode(context=graph.context, parameter_overrides=local_reconciler(
+        context_tokens=2048, tau_mem_tokens=300)))
     graph.add(PolicyNode(driver=reconciler, context=graph.context, parameter_overrides=[
         Parameter("resource.kind", Parameter.Type.STRING, "local"),
         Parameter("rate_hz", Parameter.Type.DOUBLE, 1.0),

@@ -18,7 +18,7 @@ from csr_ros.nodes.aggregator import AggregatorNode
 from csr_ros.nodes.common import SWAPS_QOS
 from csr_ros.nodes.reconciler import ReconcilerNode
 
-from support.ros_nodes import logged, policy_params, speech_sources
+from support.ros_nodes import local_reconciler, logged, policy_params, speech_sources
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.ros
@@ -47,13 +47,8 @@ def test_a_reconciler_joining_after_a_long_history_evicts_at_once_and_reports_ca
                                 f"{90 - i % 50} percent"))
         time.sleep(0.005)
     wait_for(lambda: len(probe.chunks) == 150, what="the history")
-    reconciler = graph.add(ReconcilerNode(parameter_overrides=[
-        Parameter("resource.kind", Parameter.Type.STRING, "local"),
-        Parameter("resource.threads", Parameter.Type.INTEGER, 1),
-        Parameter("context_tokens", Parameter.Type.INTEGER, 1024),
-        Parameter("tau_mem_tokens", Parameter.Type.INTEGER, 600),
-        Parameter("reserve_tokens", Parameter.Type.INTEGER, 256),
-        Parameter("n_catchup_tokens", Parameter.Type.INTEGER, 16)]))
+    reconciler = graph.add(ReconcilerNode(parameter_overrides=local_reconciler(
+        context_tokens=1024, tau_mem_tokens=600)))
     start = wait_for(lambda: [s for s in swaps if s.reason == "start"], timeout_s=180.0,
                      what="the start event")[0]
     assert start.version == 1 and 0 < start.evicted_before_seq < 150

@@ -33,6 +33,31 @@ SPEECH = [Parameter("sources", Parameter.Type.STRING_ARRAY, ["speech", "goal"]),
           Parameter("source.goal.instant", Parameter.Type.BOOL, True)]
 
 
+
+def local_reconciler(*, context_tokens: int, tau_mem_tokens: int) -> list[Parameter]:
+    """A reconciler on two in-process SmolLM2 engines of one thread each, that evicts once the
+    history passes `tau_mem_tokens` and catches up 16 tokens at a time."""
+    return [Parameter("resource.kind", Parameter.Type.STRING, "local"),
+            Parameter("resource.threads", Parameter.Type.INTEGER, 1),
+            Parameter("context_tokens", Parameter.Type.INTEGER, context_tokens),
+            Parameter("tau_mem_tokens", Parameter.Type.INTEGER, tau_mem_tokens),
+            Parameter("reserve_tokens", Parameter.Type.INTEGER, 256),
+            Parameter("n_catchup_tokens", Parameter.Type.INTEGER, 16)]
+
+
+def recording_probe(graph, name: str, **topics):
+    """A plain node that speaks on /test/speech and appends what comes on each topic to
+    `received[key]`, for key=(message type, topic, QoS); its csr/chunks subscription is
+    `chunks_sub`, which `say` waits on."""
+    node = graph.node(name)
+    node.received = {key: [] for key in topics}
+    node.speech_pub = node.create_publisher(String, "/test/speech", 100)
+    for key, (msg_type, topic, qos) in topics.items():
+        sub = node.create_subscription(msg_type, topic, node.received[key].append, qos)
+        if topic == "csr/chunks":
+            node.chunks_sub = sub
+    return node
+
 def say(probe, graph, texts):
     # The aggregator matches its subscription's QoS to the publishers (best effort until it
     # sees one, then reliable): speak once it listens reliably, and the chunks can be heard.
