@@ -27,11 +27,9 @@ def test_vllm_command_carries_every_flag_csr_relies_on():
                        "--model", "Qwen/Qwen3-32B"]
     assert "--enable-prefix-caching" in cmd
     assert "--enable-prompt-tokens-details" in cmd
-    assert cmd[cmd.index("--scheduling-policy") + 1] == "priority"
-    assert cmd[cmd.index("--max-model-len") + 1] == "131072"
-    assert cmd[cmd.index("--port") + 1] == "8001"
-    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
-    assert cmd[cmd.index("--served-model-name") + 1] == "policy"
+    assert _flags(cmd).items() >= {"--scheduling-policy": "priority", "--max-model-len": "131072",
+                                   "--port": "8001", "--host": "0.0.0.0",
+                                   "--served-model-name": "policy"}.items()
 
 
 def test_vllm_command_can_leave_out_priority_scheduling_and_appends_extra_args():
@@ -52,8 +50,7 @@ def test_vllm_command_runs_the_vllm_environment_by_default_with_dtype_and_block_
     cmd = vllm_command(VllmConfig(model="m", max_model_len=4096, dtype="float32", block_size=32),
                        port=1)
     assert cmd[0] == vllm_python()
-    assert cmd[cmd.index("--dtype") + 1] == "float32"
-    assert cmd[cmd.index("--block-size") + 1] == "32"
+    assert _flags(cmd).items() >= {"--dtype": "float32", "--block-size": "32"}.items()
 
 
 def test_vllm_python_prefers_the_variable_then_the_vllm_venv(monkeypatch):
@@ -116,10 +113,8 @@ def test_the_shipped_cpu_config_starts_r1_and_r2_on_their_own_cores_with_the_cpu
         assert server.env["VLLM_CPU_KVCACHE_SPACE"] == str(raw["kv_cache_gib"])
         for flag in ("--enable-prefix-caching", "--enable-prompt-tokens-details"):
             assert flag in cmd
-        assert cmd[cmd.index("--scheduling-policy") + 1] == "priority"
-        assert cmd[cmd.index("--dtype") + 1] == config.dtype
-        assert cmd[cmd.index("--block-size") + 1] == "32"
-        assert cmd[cmd.index("--max-num-seqs") + 1] == "4"
+        assert _flags(cmd).items() >= {"--scheduling-policy": "priority", "--dtype": config.dtype,
+                                       "--block-size": "32", "--max-num-seqs": "4"}.items()
         assert "--enforce-eager" in cmd and "--disable-log-stats" in cmd
     assert [r1.url, r2.url] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
 
@@ -149,11 +144,9 @@ def test_vllm_env_refuses_an_empty_api_key_variable():
 def test_llamacpp_command_runs_the_wrapper_with_context_threads_and_alias():
     cmd = llamacpp_command("/m/model.gguf", port=8001, n_ctx=8192, n_threads=2, model_alias="smollm2")
     assert cmd[:4] == [sys.executable, "-m", "csr_ros.servers", "llamacpp"]
-    assert cmd[cmd.index("--model") + 1] == "/m/model.gguf"
-    assert cmd[cmd.index("--n-ctx") + 1] == "8192"
-    assert cmd[cmd.index("--n-threads") + 1] == "2"
-    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
-    assert cmd[cmd.index("--model-alias") + 1] == "smollm2"
+    assert _flags(cmd).items() >= {"--model": "/m/model.gguf", "--n-ctx": "8192",
+                                   "--n-threads": "2", "--host": "127.0.0.1",
+                                   "--model-alias": "smollm2"}.items()
 
 
 def test_the_shipped_vllm_config_starts_r1_on_gpu0_and_r2_on_gpu1():
@@ -192,12 +185,16 @@ def test_serve_dry_run_prints_both_vllm_commands(capsys):
                for line in out)
 
 
+def _flags(command: list[str]) -> dict[str, str | None]:
+    """A command line's options: flag -> value (None for a switch)."""
+    return {flag: (value if not value.startswith("--") else None)
+            for flag, value in zip(command, command[1:] + ["--"]) if flag.startswith("--")}
+
+
 def _options(command: list[str]) -> dict[str, str | None]:
     """A vLLM command line's options after the model and the port: flag -> value (None for a
     switch)."""
-    rest = command[command.index("--port") + 2:]
-    return {flag: (value if not value.startswith("--") else None)
-            for flag, value in zip(rest, rest[1:] + ["--"]) if flag.startswith("--")}
+    return _flags(command[command.index("--port") + 2:])
 
 
 def test_serve_the_router_pool_and_the_test_servers_build_their_vllm_flags_from_one_yaml(
