@@ -43,8 +43,6 @@ from csr_ros.stream_defaults import ROBOT as STREAM
 if TYPE_CHECKING:
     from csr_ros.state import CsrState
 
-NODES = ("aggregator", "policy", "reconciler")
-
 
 @dataclass(frozen=True)
 class ParamSpec:

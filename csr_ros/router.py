@@ -164,7 +164,6 @@ class ServerPool:
     servers: list[ManagedServer]
     log_dir: Path
     router: ManagedServer | None = None
-    router_policy: str | None = None
     metrics_url: str | None = None
     _router_starts: int = field(default=0, repr=False)
 
@@ -241,7 +240,6 @@ class ServerPool:
             command=router_command(self.worker_urls, port=port, policy=policy,
                                    prometheus_port=metrics_port, **options))
         self.router.start(timeout_s=timeout_s)
-        self.router_policy = policy
         self.metrics_url = f"http://{LOOPBACK}:{metrics_port}/metrics"
         return self.router.url
 
@@ -267,7 +265,6 @@ class ServerPool:
         if self.router is not None:
             self.router.stop()
         self.router = None
-        self.router_policy = None
         self.metrics_url = None
 
     def stop(self) -> None:

@@ -381,11 +381,6 @@ class Emitter:
                 out += self._pass(name, st, msg, received_ns, now_ns)
         return out
 
-    def next_due_ns(self) -> int | None:
-        due = [st.last_pass_ns + st.period_ns for st in self._states.values()
-               if st.pending is not None]
-        return min(due) if due else None
-
     def pop_time_jumps(self) -> list[TimeJump]:
         jumps, self._jumps = self._jumps, []
         return jumps
