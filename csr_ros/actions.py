@@ -59,7 +59,6 @@ from typing import Iterable, Mapping, Sequence
 from csr_ros.errors import ActionParseError, ActionSpecError
 from csr_ros.range_grammar import range_gbnf
 
-ARG_KINDS = ("enum", "str", "int", "float", "bool")
 CONSTRAINT_KINDS = ("auto", "grammar", "choice", "json")
 DEFAULT_MAX_STR_CHARS = 32
 DEFAULT_MAX_CHOICES = 256
@@ -88,7 +87,7 @@ _STR_FORBIDDEN = re.compile(r'["\\\x00-\x1f]')
 @dataclass(frozen=True)
 class Arg:
     name: str
-    kind: str                              # one of ARG_KINDS
+    kind: str                              # enum, str, int, float or bool
     values: tuple[str, ...] = ()           # enum: the allowed values
     source: str | None = None              # enum: `$source` values come from bind()
     low: Decimal | None = None             # int, float: the inclusive range, both or neither
