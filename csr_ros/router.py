@@ -135,11 +135,6 @@ def routed_per_worker(samples: list[tuple[str, dict[str, str], float]],
     return counts
 
 
-def counter_value(samples: list[tuple[str, dict[str, str], float]], name: str) -> float:
-    """The sum of a counter over its labels (0.0 when absent); `name` without `_total`."""
-    return sum(v for n, _, v in samples if n in (name, name + "_total"))
-
-
 def process_group_rss_bytes(pgid: int) -> int:
     """Resident memory of every live process in group `pgid` (a server and its workers)."""
     import psutil
