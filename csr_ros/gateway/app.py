@@ -57,7 +57,8 @@ _WORKERS: set[asyncio.Future] = set()
 
 
 def build_app(gateway: Gateway, *, api_key: str | None = None) -> Starlette:
-    """The routes over `gateway`; with `api_key`, each one asks for it (module docstring)."""
+    """The routes over `gateway`; with `api_key`, each one asks for it (docs/gateway.md, "The
+    API key")."""
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
@@ -163,7 +164,8 @@ async def _answer(gateway: Gateway, request: Request, body: dict, prompt, *, cha
 
 async def _stream(gateway: Gateway, key: str, prompt, ask: dict, decoding: Decoding,
                   reply: "_Reply") -> StreamingResponse:
-    """Decode on a worker thread and send each piece as it is released (module docstring)."""
+    """Decode on a worker thread and send each piece as it is released (docs/gateway.md,
+    "Streaming")."""
     loop = asyncio.get_running_loop()
     items: asyncio.Queue = asyncio.Queue()
     gone = threading.Event()

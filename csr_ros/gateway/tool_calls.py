@@ -120,7 +120,7 @@ def parse_tools(tools: Any) -> ToolSet | None:
 
 
 def plan_decoding(tools: ToolSet | None, tool_choice: Any, response_format: Any) -> Decoding:
-    """How the answer is decoded and read (module docstring)."""
+    """How the answer is decoded and read (docs/gateway.md, "Tools as typed actions")."""
     text_rules, text_root = _response_format(response_format)
     if tools is None:
         if tool_choice not in (None, "none"):
