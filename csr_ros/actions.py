@@ -6,40 +6,8 @@
     constraint = bound.constraint()      # what a backend needs to decode only valid actions
     action = bound.parse_decision("go_to(kitchen)")   # name 'go_to', args (('room', 'kitchen'),)
 
-A decision is written as a call: `name(value, value, ...)`, values in declaration order.
-Enumeration values that are plain words (`[A-Za-z0-9_.-]+`) are written bare, others quoted;
-strings are always quoted (JSON string syntax without escapes, at most `max_str_chars`
-characters); integers, floats and booleans as in JSON. The JSON form
-`{"name": "go_to", "args": {"room": "kitchen"}}` parses too (it is what the JSON schema
-describes).
-
-Argument types in a spec: `str`, `int`, `float`, `bool`, `a|b|c` (an enumeration), or `$name`
-(an enumeration whose values are filled in later, e.g. from what the robot has seen). An action
-whose `$name` enumeration is empty is left out of the bound vocabulary.
-
-Bounds (both ends inclusive, both required):
-
-    turn(degrees: int[-180,180])        an integer from -180 to 180
-    drive(speed_mps: float[0,0.5])     a number from 0 to 0.5, at most 3 decimals
-    say(text: str[..80])                a quoted text of 1 to 80 characters (str[4..80]: 4 to 80)
-
-An unbounded `int` has at most 9 digits, a `float` at most 6 integer digits and 3 decimals, a
-`str` at most `max_str_chars` characters. Integer bounds are integers within ±999999999; float
-bounds have at most 6 integer digits and 6 decimals, and a bounded float takes as many decimals
-as its bounds need, at least 3. Anything else (a minimum above its maximum, `int[0,1.5]`,
-`float[0,1e3]`, a bound on a `bool` or an enumeration, `str[..0]`) is an ActionSpecError. The
-JSON schema says the same with `minimum`/`maximum` and `minLength`/`maxLength`.
-
-A bound holds where the model decodes and again where its answer is read: the grammar admits
-exactly the numbers of the range (digit by digit, csr_ros.range_grammar) and the texts of the
-length, the JSON schema carries the bounds for servers that decode JSON, and `decide()` refuses
-an answer out of range (`turn: degrees 99999 outside [-180, 180]`), so an unconstrained
-server's answer never becomes an action it does not fit.
-
-One grammar (GBNF, as llama.cpp documents it) serves every backend: llama.cpp's server takes it
-in `grammar`, vLLM in `structured_outputs.grammar` (or `guided_grammar`), the local engine
-compiles it with llguidance. A closed vocabulary (only enumerations and booleans) also lists
-its decisions, so a backend may score them instead of decoding (`choice`).
+The syntax of a spec and of a decision, the bounds and what they refuse, and how one grammar
+serves every backend: docs/library.md, "Typed actions a robot can execute".
 
 Pure: no I/O, no torch.
 """
@@ -59,7 +27,6 @@ from typing import Iterable, Mapping, Sequence
 from csr_ros.errors import ActionParseError, ActionSpecError
 from csr_ros.range_grammar import range_gbnf
 
-ARG_KINDS = ("enum", "str", "int", "float", "bool")
 CONSTRAINT_KINDS = ("auto", "grammar", "choice", "json")
 DEFAULT_MAX_STR_CHARS = 32
 DEFAULT_MAX_CHOICES = 256
@@ -88,7 +55,7 @@ _STR_FORBIDDEN = re.compile(r'["\\\x00-\x1f]')
 @dataclass(frozen=True)
 class Arg:
     name: str
-    kind: str                              # one of ARG_KINDS
+    kind: str                              # enum, str, int, float or bool
     values: tuple[str, ...] = ()           # enum: the allowed values
     source: str | None = None              # enum: `$source` values come from bind()
     low: Decimal | None = None             # int, float: the inclusive range, both or neither

@@ -7,16 +7,10 @@ and says what to write instead. `load_params_file` reads a ROS 2 parameters YAML
 (``node: {ros__parameters: {...}}``) the way ``--params-file`` does, so a file can be checked
 before a robot is started.
 
-A spec's bounds (`min_value`, `max_value`, `positive`) also become the range of its ROS
-descriptor (`ros2 param describe`). Parameters marked `dynamic` may change while the node
-runs (`ros2 param set`) and take effect on its next decision: none of them changes the cached
-prefix. The others are part of what a node configured (the prefix, the models, the topics): a
-configured node refuses a change with the reason (`check_change`), an unconfigured one takes
-it at its next configure transition.
-
-The aggregator's sources are nested parameters: ``sources: [odom, scan]`` names them and
-``source.<name>.topic`` / ``.type`` / ... describe each one (a YAML mapping under
-``source:`` flattens to those dotted names).
+A spec's bounds also become the range of its ROS descriptor; `dynamic` ones may change while
+the node runs, the others are refused by a configured node (`check_change`). The
+aggregator's sources are nested parameters (`sources`, `source.<name>.*`). What each
+parameter means and what changes at run time: docs/ros.md, "Parameters".
 
 Pure: no rclpy.
 """
@@ -42,8 +36,6 @@ from csr_ros.stream_defaults import ROBOT as STREAM
 
 if TYPE_CHECKING:
     from csr_ros.state import CsrState
-
-NODES = ("aggregator", "policy", "reconciler")
 
 
 @dataclass(frozen=True)

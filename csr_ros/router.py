@@ -135,11 +135,6 @@ def routed_per_worker(samples: list[tuple[str, dict[str, str], float]],
     return counts
 
 
-def counter_value(samples: list[tuple[str, dict[str, str], float]], name: str) -> float:
-    """The sum of a counter over its labels (0.0 when absent); `name` without `_total`."""
-    return sum(v for n, _, v in samples if n in (name, name + "_total"))
-
-
 def process_group_rss_bytes(pgid: int) -> int:
     """Resident memory of every live process in group `pgid` (a server and its workers)."""
     import psutil
@@ -164,7 +159,6 @@ class ServerPool:
     servers: list[ManagedServer]
     log_dir: Path
     router: ManagedServer | None = None
-    router_policy: str | None = None
     metrics_url: str | None = None
     _router_starts: int = field(default=0, repr=False)
 
@@ -241,7 +235,6 @@ class ServerPool:
             command=router_command(self.worker_urls, port=port, policy=policy,
                                    prometheus_port=metrics_port, **options))
         self.router.start(timeout_s=timeout_s)
-        self.router_policy = policy
         self.metrics_url = f"http://{LOOPBACK}:{metrics_port}/metrics"
         return self.router.url
 
@@ -267,7 +260,6 @@ class ServerPool:
         if self.router is not None:
             self.router.stop()
         self.router = None
-        self.router_policy = None
         self.metrics_url = None
 
     def stop(self) -> None:

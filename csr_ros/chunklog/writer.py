@@ -68,9 +68,7 @@ class ChunkLog:
         self.retention = retention
         self.clock = clock
         self.write_failures = 0           # records not written (raised, or a version held)
-        self.sync_failures = 0
         self.sync_s = 0.0                    # time spent in fsync of segments
-        self.checkpoint_failures = 0
         self._mutex = threading.RLock()   # the node and the driver's workers both append
         self._capsule_lock = threading.Lock()   # one capsule written at a time
         self._fd: int | None = None
@@ -331,7 +329,6 @@ class ChunkLog:
         try:
             write_checkpoint(self.path, checkpoint)
         except OSError as exc:
-            self.checkpoint_failures += 1
             log.warning("%s: checkpoint v%d not written (%s); a restart reads from the one "
                         "before it, which takes longer and loses nothing", self.path,
                         checkpoint.version, exc)
@@ -391,7 +388,6 @@ class ChunkLog:
         try:
             os.fsync(self._fd)
         except OSError as exc:
-            self.sync_failures += 1
             raise ChunkLogError(f"{self._segment_path(self._segment)}: fsync failed ({exc}): "
                                 "records since the last sync may not survive a power loss"
                                 ) from None

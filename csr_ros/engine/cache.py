@@ -13,7 +13,6 @@ recurrent states; those are small and are copied by capsules.
 from __future__ import annotations
 
 import bisect
-import itertools
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
@@ -21,8 +20,6 @@ from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLaye
 from csr_ros.errors import ConfigError
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "linear_attention")
-
-_cache_ids = itertools.count(1)
 
 
 class _Cursor:
@@ -129,7 +126,6 @@ class BufferCache(Cache):
         self.max_len = max_len
         self.dtype = dtype
         self.device = device
-        self.cache_id = next(_cache_ids)
         self.overwrites = OverwriteLog()
         self.high_water = 0            # furthest position ever written
 

@@ -6,32 +6,11 @@
     GET  /v1/csr/sessions       each session's version, new versions and reconciler counters
     GET  /health                200 once the gateway accepts requests
 
-Starlette for routing and streaming responses, uvicorn to serve it: a small, well-kept ASGI
-pair that llama-cpp-python's own server already runs on (through FastAPI), so the gateway adds
-no new stack to the machines. The blocking reconciler call runs on starlette's thread pool.
-
-With an API key (`build_app(gateway, api_key=...)`: `--api-key` or $CSR_ROS_API_KEY), every
-route answers only requests that carry `Authorization: Bearer <key>`, vLLM's convention and
-what the openai client sends as its `api_key`; any other gets 401 in OpenAI's error shape.
-`check_exposure` refuses to serve beyond loopback without a key unless told to.
-
-The session is the `X-Session-Id` header, else the body's `user`. Every answer carries
-`usage` (`prompt_tokens`, `completion_tokens`, `prompt_tokens_details.cached_tokens`), a `csr`
-field (session, conversation version, whether this request started a new version and why,
-chunks appended, state version, TTFT) and the headers `X-CSR-Session`, `X-CSR-Version`,
-`X-CSR-New-Version`.
-
-A chat's `tools`, `tool_choice` and `response_format` become the grammar its answer is decoded
-under and the way it is read (tool_calls.py, answer.py): a call comes back as the message's
-`tool_calls` (one call, with an id; finish_reason "tool_calls"), in a stream as one delta that
-holds the whole call, sent once it is decoded.
-
-A stream follows the decode: the resource's `on_text` feeds an `AnswerStream` on the worker
-thread, and each piece it releases goes to the client as an SSE event while the next tokens
-are decoded. The response (its status and headers) starts at the first piece, so a request that
-fails before it (a bad prompt, a resource that is down) still gets its HTTP error status; a
-failure after it ends the stream with an error event. A client that disconnects stops the
-decode at the next token (QueryCancelledError from `on_text`); the session keeps its messages.
+The blocking reconciler call runs on starlette's thread pool; a stream is fed from the worker
+thread by the resource's `on_text` through an `AnswerStream` (answer.py), and a chat's tools
+become the grammar its answer is decoded under (tool_calls.py). `check_exposure` refuses to
+serve beyond loopback without a key unless told to. Sessions, `usage`, the `csr` field and
+the `X-CSR-*` headers, errors, streaming, tools and the API key: docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -78,7 +57,8 @@ _WORKERS: set[asyncio.Future] = set()
 
 
 def build_app(gateway: Gateway, *, api_key: str | None = None) -> Starlette:
-    """The routes over `gateway`; with `api_key`, each one asks for it (module docstring)."""
+    """The routes over `gateway`; with `api_key`, each one asks for it (docs/gateway.md, "The
+    API key")."""
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
@@ -184,7 +164,8 @@ async def _answer(gateway: Gateway, request: Request, body: dict, prompt, *, cha
 
 async def _stream(gateway: Gateway, key: str, prompt, ask: dict, decoding: Decoding,
                   reply: "_Reply") -> StreamingResponse:
-    """Decode on a worker thread and send each piece as it is released (module docstring)."""
+    """Decode on a worker thread and send each piece as it is released (docs/gateway.md,
+    "Streaming")."""
     loop = asyncio.get_running_loop()
     items: asyncio.Queue = asyncio.Queue()
     gone = threading.Event()

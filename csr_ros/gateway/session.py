@@ -8,23 +8,13 @@ the transcript it has appended as chunks, and splits each new prompt against it:
     completions:  line_0  line_1 … line_k  line_last
                   profile  ───── history ──  dynamic
 
-- Every history message becomes one chunk (its text: `role: content`), appended once, in
-  order, the first time a prompt carries it; the last message (the new user turn, or a tool's
-  result) is the dynamic part of this query, rebuilt each time.
-- An agent's loop stays append-only: an assistant message's `tool_calls` are one chunk,
-  `assistant: go_to(kitchen)` (each call as the tools' grammar writes it, tool_calls.py;
-  several joined by `; `, after the message's content if it has any), and a tool's result is
-  `tool (go_to): <content>`, the function named by its `tool_call_id`. The request's tools
-  are listed after the system message, in the profile.
 - A prompt *extends* the session when its profile is the one held and its history starts with
   every message held: only the messages after them are appended (`Plan.append`).
-- Anything else (an edited or dropped message, another system message, a shorter history)
-  starts a new version: a fresh state holding the prompt's whole history (`Plan.new_version`,
-  with the reason).
+- Anything else starts a new version: a fresh state holding the prompt's whole history
+  (`Plan.new_version`, with the reason).
 
-What the model then sees is the state's layout: the profile as the system message, and the
-history lines, then the last message, inside one user message; the history is never
-re-rendered through the chat template.
+How each message, tool call and tool result is written as a chunk, and what the model then
+sees: docs/gateway.md, "What is a chunk and what is dynamic" and "New versions".
 
 Pure: no sockets, no threads, no models.
 """

@@ -6,30 +6,11 @@ become an action vocabulary, the grammar its answer is decoded under, and the wa
     toolset.profile_text()                      # the tool list, after the system message
     toolset.history_line(name, arguments)       # a past call, as the model decodes one
 
-Each function becomes an action whose arguments are its parameters, in the schema's order:
-`string` → str (at most MAX_STR_CHARS characters), `integer` → int, `number` → float,
-`boolean` → bool, a string `enum` (or `const`) → an enumeration. `minimum` and `maximum` (both,
-inclusive) become the argument's range and `minLength`/`maxLength` its length, as in an action
-spec's `int[-180,180]` or `str[..80]`: the grammar decodes only values in them, so a call's
-arguments always match the schema. Every parameter is decoded, optional ones too (a call with
-all its arguments runs as well), and the arguments come back as the JSON object of those
-parameters. Anything the action grammar cannot guarantee (nested objects, arrays, patterns,
-formats, exclusive bounds, one bound without the other, a tool name that is not an
-identifier) is refused with GatewayRequestError, before anything is appended.
-
-`tool_choice`:
-
-    "none"                 text (under response_format's grammar, if any)
-    "auto" (the default)   a two-branch grammar: root ::= call | text, where `text` is any
-                           answer that does not begin with `name(` for a tool (nor with
-                           whitespace); the model picks the branch with its first tokens, and
-                           once it has written `go_to(` it is in the call branch and must
-                           complete a valid call
-    "required"             the tools' grammar (answer.Decoding "call")
-    {"type": "function", "function": {"name": N}}   the grammar of that one function
-
-A call in the history (an assistant message's `tool_calls`) is written as the grammar writes a
-decision, `go_to(kitchen)`, so the model reads its past calls as it writes new ones.
+Each function becomes an action whose arguments are its parameters, in the schema's order;
+what the grammar cannot guarantee is refused with GatewayRequestError before anything is
+appended. `tool_choice` "auto" is one two-branch grammar, `root ::= call | text`. The
+mapping of schemas to arguments, what is refused, the four tool choices and how a call
+comes back: docs/gateway.md, "Tools as typed actions".
 
 Pure: no I/O.
 """
@@ -139,7 +120,7 @@ def parse_tools(tools: Any) -> ToolSet | None:
 
 
 def plan_decoding(tools: ToolSet | None, tool_choice: Any, response_format: Any) -> Decoding:
-    """How the answer is decoded and read (module docstring)."""
+    """How the answer is decoded and read (docs/gateway.md, "Tools as typed actions")."""
     text_rules, text_root = _response_format(response_format)
     if tools is None:
         if tool_choice not in (None, "none"):

@@ -31,7 +31,6 @@ class Fault:
     count: int = 0
     last_s: float = 0.0
     said_s: float = float("-inf")     # when it was last logged
-    unsaid: int = 0                   # faults since then, not logged
 
 
 class CallbackFaults:
@@ -61,9 +60,8 @@ class CallbackFaults:
             fault.said_s = now_s
             return "traceback"
         if now_s - fault.said_s >= self.throttle_s:
-            fault.said_s, fault.unsaid = now_s, 0
+            fault.said_s = now_s
             return "line"
-        fault.unsaid += 1
         return None
 
     def line(self, where: str, error: str) -> str:

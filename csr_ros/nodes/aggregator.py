@@ -14,13 +14,8 @@ seq 0, and the other nodes begin a new version from it (never a silent merge of 
 The node clock going backwards (a bag played with --loop wrapping, a simulator reset) resets
 the Emitter's per-source state; each jump is logged and counted on /diagnostics.
 
-Lifecycle (nodes/managed.py): configure checks the parameters and the message types, opens
-the chunk log (retention from the chunk_log_* parameters; the log is only history, so it never
-keeps a segment for a state) and serves GetChunks; activate subscribes to the sources;
-deactivate stops taking messages after turning what it holds into chunks. An inactive
-aggregator keeps its ring and chunk log and still answers GetChunks: memory is never dropped.
-Cleanup closes the chunk log and drops the ring (without a chunk log the next configure starts
-a new stream).
+Its lifecycle transitions (an inactive aggregator keeps its ring and chunk log and still
+answers GetChunks): docs/ros.md, "Managed nodes (lifecycle)".
 """
 
 from __future__ import annotations

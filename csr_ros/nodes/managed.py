@@ -1,44 +1,22 @@
-"""What makes a csr_ros node trustworthy on a robot: callbacks that never end the process, and
-the managed (lifecycle) node that an operator or a lifecycle manager brings up and down.
+"""What makes a csr_ros node trustworthy on a robot: callbacks that never end the process
+(`GuardedCallbacks`), and the managed (lifecycle) node (`ManagedNode`) whose transitions call
+the node's hooks:
 
-    GuardedCallbacks   every timer, subscription and service callback the node creates is
-                       wrapped: an exception is caught, logged (its traceback the first time,
-                       then one line at most every 10 s per callback and type), counted, and
-                       ERROR on /diagnostics for 30 s (node_logic.callback_faults); the node
-                       goes on
-    ManagedNode        an rclpy.lifecycle node whose transitions call the node's hooks:
+    unconfigured ──configure──▶ inactive ──activate──▶ active
+         ▲   ◀──cleanup──────────┘  ◀──deactivate───────┘
+         └── on_error (a hook raised something other than a CsrError): release()
 
-        unconfigured ──configure──▶ inactive ──activate──▶ active
-             ▲   ◀──cleanup──────────┘  ◀──deactivate───────┘
-             └── on_error (a hook raised something other than a CsrError): release()
+    configure()   parameters read and checked, clients, chunk log, publishers, services
+    activate()    subscriptions delivering, timers deciding (publishers are enabled first)
+    deactivate()  stop working (publishers are disabled after it: the policy publishes its
+                  safe action in it)
+    release()     everything configure made, closed (cleanup, shutdown, on_error, exit)
 
-        configure()   parameters read and checked, clients, chunk log, publishers, services
-        activate()    subscriptions delivering, timers deciding (publishers are enabled first)
-        deactivate()  stop working (publishers are disabled after it: the policy publishes its
-                      safe action in it)
-        release()     everything configure made, closed (cleanup, shutdown, on_error, exit)
-
-      A hook that raises a CsrError fails its transition: the node stays where it was (a
-      failed configure releases what it made), the reason is logged and ERROR on /diagnostics
-      until a later transition succeeds. Any other exception is a defect: the traceback is
-      logged and the node ends unconfigured. The process never exits for either.
-
-      `autostart` (parameter, default true): the node configures and activates itself as it
-      is made, acting as its own lifecycle manager. Nothing would retry a failure then, so
-      the constructor raises it (the process exits 2 with the reason, and a launch ends naming
-      the node). With autostart false the node waits, unconfigured, for the change_state
-      service (`ros2 lifecycle set`, nav2's lifecycle_manager).
-
-Parameters: declared in __init__ from the node's schema (`declare_schema`; ranges and
-descriptions from csr_ros.ros_params), read and checked by configure (`checked_params`). A set
-while the node runs goes through `ros_params.check_change`: a configured node takes only its
-run-time parameters (`dynamic` in the schema; `parameters_changed` applies them from the next
-decision) and refuses the others with the reason; an unconfigured one takes any, checked at
-its next configure. A refused set leaves the node as it was.
-
-/diagnostics is published at 1 Hz in every state (a plain publisher, on the steady clock):
-the node's own status while active, the state while not, the failed transition with its
-reason, and the callback faults.
+Parameters are declared from the node's schema (`declare_schema`), checked by configure
+(`checked_params`), and a set while the node runs goes through `ros_params.check_change`
+(`parameters_changed` applies what it takes). Failed transitions, `autostart`, guarded
+callbacks, parameter sets and /diagnostics in every state: docs/ros.md, "Managed nodes
+(lifecycle)", "Parameters" and "Diagnostics".
 """
 
 from __future__ import annotations

@@ -18,17 +18,8 @@
     /diagnostics ◀───────── TTFT, cache hits, version, skipped ticks, lost chunks, valid,
                              invalid and expired actions, the watchdog (1 Hz, every state)
 
-Lifecycle (nodes/managed.py): configure reads and checks the parameters (the safe action
-against the vocabulary), loads the tokenizer and subscribes to the state topics, so an
-inactive policy keeps folding the history; activate starts the ticks; deactivate stops them,
-abandons a running query (its answer is never published) and refuses on-demand queries, then
-publishes the safe action; cleanup releases everything. Reactivated, it decides over the same
-state, and the server still caches its prefix: nothing is prefilled again.
-
-task, rate_hz, max_new_tokens, temperature, safe_action, stale_after_s, action_ttl_s,
-hedge_after_s, stale_instant_s and fetch_timeout_s change at run time (`ros2 param set`), from the next
-decision; the parameters that make the cached prefix (profile, vocabulary, model, mode, ...)
-are refused while the node is configured.
+Its lifecycle transitions and the parameters it takes at run time: docs/ros.md, "Managed
+nodes (lifecycle)" and "Parameters".
 
 The query runs on its own (daemon) thread, so the executor keeps folding chunks and answering
 services while a model computes, and a shutdown does not wait for it: the running query is

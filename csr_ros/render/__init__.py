@@ -10,13 +10,11 @@
 - `text`: one message → ``label: body``;
 - `emission`: the per-source change filter (deadbands, keep-alive, events, time jumps) that the
   aggregator node and `csr-ros replay` share;
-- `coalesce`: the per-key minimum period;
 - `topic_defaults`: per-type defaults for a topic nobody configured (event, state, or left out and why).
 
 Pure: no rclpy, no I/O.
 """
 
-from csr_ros.render.coalesce import Coalescer, Emission
 from csr_ros.render.emission import (KIND_DEFAULTS, KIND_OF_TYPE, UNSET, EmissionConfig, Emitted,
                                      Emitter, EmitterSource, SourceStats, TimeJump, changed,
                                      emission_kind, episode_origin_ns)
@@ -34,8 +32,8 @@ from csr_ros.render.summaries import (BATTERY_STATUS, GOAL_STATUS, SUMMARIZERS, 
 from csr_ros.render.text import render, render_plain, summarize
 
 __all__ = [
-    "BATTERY_STATUS", "Bulk", "Coalescer", "Context", "DEFAULT_FLOAT_DIGITS", "DEFAULT_MAX_ARRAY",
-    "DEFAULT_MAX_CHARS", "DurationNs", "EmissionConfig", "Emission", "Emitted", "Emitter",
+    "BATTERY_STATUS", "Bulk", "Context", "DEFAULT_FLOAT_DIGITS", "DEFAULT_MAX_ARRAY",
+    "DEFAULT_MAX_CHARS", "DurationNs", "EmissionConfig", "Emitted", "Emitter",
     "EmitterSource", "GOAL_STATUS", "KIND_DEFAULTS", "KIND_OF_TYPE", "Plain", "RenderOptions",
     "SUMMARIZERS", "SourceStats", "StampNs", "Summary", "TimeJump", "UNSET", "changed",
     "emission_kind", "header_stamp_ns", "is_constant_name", "message_type_name",

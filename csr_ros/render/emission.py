@@ -5,27 +5,11 @@
     for e in emitter.poll(now_ns): publish(e.text)   # held (rate-limited) values now due
     emitter.pop_time_jumps()                          # clock went backwards: state was reset
 
-Per source, in this order:
-
-1. **Minimum period** (`period_s`, coalescing): inside it the newest value is held and replaces
-   older held ones (counted); it goes on when the period has elapsed.
-2. **Change filter**: a value becomes a chunk when it is the source's first, when it differs
-   from the last chunk's by more than a deadband, or when `keepalive_s` has passed since the
-   last chunk. Otherwise it is suppressed and counted; the next chunk carries the count.
-   Odometry: moved `deadband_m`, turned `deadband_deg` (not while turning in place), or its
-   motion changed between stopped, turning and moving (two values in a row). LaserScan: the
-   nearest range changed by `deadband_m` (relative beyond 1 m), or something came within 1 m
-   ahead or left.
-   BatteryState: `deadband_pct` percent, or a status/health change. Imu: `deadband_deg` of
-   attitude or `deadband` of a rate or acceleration. Every other type (custom ones too): a
-   non-numeric field changed, or a numeric one by more than `deadband` (relative beyond 1).
-3. **Events** (`event: true`: speech, detections, action results...) skip both: every message
-   is a chunk. Instant sources skip the change filter (the current value always goes out).
-
-Time going backwards by more than a second on a source (a bag replayed in a loop, a simulator
-reset) resets that source's state (its next message is a first one) and is reported by
-`pop_time_jumps`; times are written relative to the episode's first message, re-anchored if
-the clock goes back before it.
+Per source, in this order: a minimum period (`period_s`: the newest value is held, older held
+ones coalesced), then a change filter (a first value, a change past the deadband, or
+`keepalive_s`; otherwise suppressed and counted); event sources skip both, instant ones the
+filter. A source's time going back by more than a second resets it (`pop_time_jumps`). The
+deadbands per type and their defaults: docs/rendering.md, "When a source makes a chunk".
 
 Every chunk text starts with the episode time in whole seconds: ``"125s odom: at 2.3,-1.2 ..."``.
 Pure: no rclpy, no I/O; the aggregator node and `csr-ros replay` use the same object.
@@ -380,11 +364,6 @@ class Emitter:
                 st.pending = None
                 out += self._pass(name, st, msg, received_ns, now_ns)
         return out
-
-    def next_due_ns(self) -> int | None:
-        due = [st.last_pass_ns + st.period_ns for st in self._states.values()
-               if st.pending is not None]
-        return min(due) if due else None
 
     def pop_time_jumps(self) -> list[TimeJump]:
         jumps, self._jumps = self._jumps, []

@@ -9,20 +9,9 @@ params file every topic gets it. The emission defaults (deadbands, keep-alive) o
 from the type's kind (`emission.KIND_DEFAULTS`), the same table a configured source of the
 aggregator takes when it leaves them out.
 
-The rule, in order:
-
-1. left out, with the reason, for what is not the robot's state or is display/bulk data only
-   (the clock, parameter events, RViz markers, costmap cells, raw audio, action feedback, the
-   robot model);
-2. an event (every message a chunk) for text, goal status, detections and types or topics that
-   read as events (detection, result, speech, utterance, transcript, outcome, event, action,
-   alert, alarm in the name) unless the topic is a stream (more than `EVENT_MAX_HZ` on average):
-   then only its changes; an unknown type that comes at most every 20 s on average
-   (`SPORADIC_MAX_HZ`) is an event too (results, alarms);
-3. a state with the type's summary and change filter, its minimum period from `STATE_PERIOD_S`;
-4. any other type: the generic summary, shorter (`UNKNOWN_MAX_CHARS`), at most one chunk per
-   `UNKNOWN_PERIOD_S` and a wider deadband (`UNKNOWN_DEADBAND`), so no unknown type can take
-   the token budget by itself (at most 240 characters every 15 s).
+The rule (left out with the reason, an event, a state with its type's summary, or the
+generic summary bounded by `UNKNOWN_MAX_CHARS` every `UNKNOWN_PERIOD_S`) and its table:
+docs/rendering.md, "Topics the params file does not name".
 
 Pure: no rclpy, no I/O.
 """

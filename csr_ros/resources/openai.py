@@ -9,37 +9,15 @@
     query(req)   streaming POST /v1/completions with the whole prompt (static ⊕ dynamic);
                  TTFT is taken on the client at the first streamed token
 
-A server's cache is not visible to its clients, so the committed run is tracked here: it is
-what this object last prefilled successfully. It is an estimate of the server's state, never a
-correctness condition: every request carries its whole prompt, so a server that lost its cache
-(restart, eviction under load) answers the same, only slower.
-
-Prompts travel as token ids where the server accepts them (vLLM, SGLang) and as text otherwise
-(llama-cpp-python rejects id prompts). Text mode needs the CSR state's text mode, whose chunk
-boundaries are chosen so that the server's tokenizer splits the whole string exactly as the
-state split it piece by piece (invariant 1).
+The committed run is tracked here, an estimate of the server's cache and never a correctness
+condition: every request carries its whole prompt. Prompts travel as token ids where the
+server accepts them and as text otherwise; behind a router, `robot_id` gives every completion
+the routing key `X-Session-ID: <robot_id>/v<version>`. Options, behaviour and faults:
+docs/openai_and_vllm.md, "The HTTP resource"; the routing key: docs/fleet.md.
 
 Its parts: `OpenAIOptions` (what it is made with, checked once), http_transport.py (requests,
 retries, streamed events), http_errors.py (a server's refusals as csr_ros errors) and
 dialects.py (what vLLM, SGLang and llama.cpp's servers each understand).
-
-Behind a router (vllm-router, a pool of servers at one URL), `robot_id` gives every completion
-a routing key, the `X-Session-ID` header: `<robot_id>/v<version>`, the CSR state version the
-request is about: a query's `Request.version`, and for load()/extend() the `version=` their
-caller passes (the reconcile driver passes its Load/Extend's version; without one the version
-of the last load stays). Every process of a robot folds the same versions from the same event
-streams, so a policy node in its own process and the reconciler that warmed that version send
-the same key without sharing an object. The router's `consistent_hash` policy reads that header
-first, before any body field, so every request about one version (its warm-up, its catch-ups,
-its queries, its stragglers) reaches one server, whose prefix cache holds it. A reconciliation's
-warm-up of the next version is a new key: it lands where the router puts that key, and after
-the swap the queries of that version, sent with the same key, follow it.
-A header and not the body's `user` field, because the header changes nothing a server reads
-(the body stays byte for byte what it is without a router) and the router reads it without
-parsing the body. With robot_id "" no header is sent.
-
-Nothing in the caller's CsrState depends on a resource call succeeding: a completion has no
-side effect beyond warming the server's cache.
 """
 
 from __future__ import annotations

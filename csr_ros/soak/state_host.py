@@ -334,8 +334,6 @@ class StateHost:
                 "pending_versions": self.chunk_log.pending_versions,
                 "log_write_failures": self.chunk_log.write_failures,
                 "log_sync_s": round(self.chunk_log.sync_s, 3),
-                "log_sync_failures": self.chunk_log.sync_failures,
-                "log_checkpoint_failures": self.chunk_log.checkpoint_failures,
                 "cpu_s": round(time.process_time(), 2),
                 "log_segment": self.chunk_log.segment,
                 "worker_restarts": {r.name: getattr(r, "restarts", 0) for r in self.resources}}

@@ -5,22 +5,12 @@
     method.prompt(task, suffix, question) -> (resource, request)
     method.end()                     the episode is over (the method's resources stay open)
 
-- `CsrMethod` ("csr"): the project's own: an append-only CSR state run by the ASR reconciler
-  over two resources, evicting with the configured policy when the static part reaches
-  `tau_mem_tokens`. A question is built against the active version and asked on the resource
-  that holds it, whose cache already holds the history: only the new tokens are prefilled.
-- `WindowMethod` ("window"): the newest chunks that fit in `window_tokens`, StreamingLLM-style,
-  after the profile, which stays as the attention sink; or the newest `window_chunks` chunks
-  (one: the robot's latest observation only, which tells a question its current state
-  answers from one that needs memory). As the window slides its prefix changes, so
-  everything after the profile is recomputed.
-- `Bm25Method` ("bm25"): the `k` chunks that BM25 (bm25s) ranks highest for the question, in
-  time order, after the profile: a fresh prompt per question.
-- `NoMemoryMethod` ("none"): the profile and the question.
+`CsrMethod` ("csr", the project's own: the ASR reconciler over two resources), `WindowMethod`
+("window", by tokens or by chunks), `Bm25Method` ("bm25") and `NoMemoryMethod` ("none"); what
+each prompt holds and what a question costs: docs/eval.md, "Methods".
 
 Every method records the chunks its last prompt held (`last_chunks`) and counts the chunks it
 was given per observation (`seen`), for evidence coverage (`csr_ros.bench.eval.evidence`).
-
 A question's static tokens reuse what the resource still caches: `PrefixCache` keeps the
 longest reusable prefix (the committed run when the request extends it, else the profile) and
 counts every token that had to be computed again ("recomputed").

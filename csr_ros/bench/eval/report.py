@@ -1,28 +1,8 @@
 """The report: one row per method, budget and choice-scoring rule, a markdown table, a bias
 check, a plot of accuracy against TTFT.
 
-Row (JSON-ready), the fields the issue names first:
-    method, budget, scoring (the choice-scoring rule; "" when no question has choices),
-    n_questions, accuracy, ci95 [lo, hi] (Wilson), ttft_p50_s, ttft_p99_s,
-    prompt_tokens_mean, recomputed_tokens_mean,
-    evidence_coverage (the share of questions with named evidence whose evidence was all in
-    the prompt; None when no question names any), and over the open questions (no choices)
-    f1 (mean token F1) and judge (the share the judge scored 1.0; None where no judge ran),
-then label, n_correct, accuracy_contains (the answer appears in the prediction),
-n_open, n_with_evidence, judge_score_mean (AMA-Bench's avg_score: F1 fallbacks count their
-F1), judge_unparsed (replies with neither yes nor no),
-decision_p50_s / decision_p99_s (until the answer is chosen),
-history_tokens_mean (chunk tokens in the prompt), accuracy_by_kind (per question kind, e.g.
-AMA-Bench's type A-D: n, accuracy, f1, judge, evidence_coverage), and the run's counters
-(wall_s; CSR: swaps, fallbacks, evicted_chunks).
-
-The bias check, over the questions with choices (`n_choice`): `top_answer`, the row's most
-frequent answer, `top_answer_share` (the share of questions that got it) and
-`top_answer_accuracy` (the accuracy of always giving it); `top_label_share`, the same for the
-letter (a position bias); and over every question, `same_as_none`, the share answered exactly
-as the no-memory row of the same rule answered it (None without such a row). A row that answers
-as no memory does on almost every question (`SAME_AS_NONE_WARNING`) is flagged
-(`bias_warnings`): its figure says nothing about memory.
+Every field of a row, the bias check and when a row is flagged (`SAME_AS_NONE_WARNING`,
+`bias_warnings`): docs/eval.md, "Report".
 
 Pure apart from writing the plot.
 """

@@ -1,39 +1,13 @@
 """Answering one question on a resource, and judging the answer.
 
-A question with choices shows its options lettered (A, B, C, ...) in the prompt's dynamic part,
-in an order shuffled with a seed per question (`option_order`), so CSR's cached prefix is the
-same for every question and a position bias cannot pass for recall. The answer is scored by a
-rule (`CHOICE_SCORINGS`):
-- `label` (the default): the letters' log-probabilities as the first answer token, read in the
-  one pass that prefills the dynamic part (MMLU's convention, AMA-Bench's MCQ form). Where no
-  server gives log-probabilities (llama.cpp's), a greedy one-token answer constrained to the
-  letters;
-- `pmi`: each option's summed log-likelihood after the prompt minus its log-likelihood after a
-  fixed content-free prompt (`ContentFreePrior`, once per option): domain-conditional PMI
-  (Holtzman et al. 2021, "Surface Form Competition"), which cancels how likely an option's
-  wording is whatever came before;
-- `mean` / `sum`: the option's log-likelihood per token / summed. Length- and surface-biased: a
-  two-token option whose second token is nearly certain after its first ("living room") wins
-  whatever the prompt holds. Kept for comparison.
-How the options' log-likelihoods are read:
-- local engine: the request's static tokens are committed (only those not cached yet), the
-  dynamic part is prefilled once inside a scratch block, and each option is scored from a
-  scratch of that state, token by token, so the context is never recomputed per option;
-- OpenAI-compatible servers that compute prompt log-probabilities correctly (vLLM, SGLang):
-  one streamed request for TTFT, then the options from the server's cache
-  (`OpenAIResource.choice_logprobs`);
-- llama.cpp servers (llama-cpp-python): its echoed log-probabilities are paired one position
-  late and cost a sort of the vocabulary per prompt token, so `label` is a constrained
-  one-token answer, `mean` the option a greedy answer names (`match_choice`), and `pmi`, which
-  needs log-likelihoods, is refused (`check_scoring`).
-
-Other (open) questions: a greedy answer, scored as AMA-Bench scores open answers: normalized
-exact match and token F1 here (`normalize_answer`, `token_f1`), and an LLM judge
-(`csr_ros.bench.eval.judge`) after the run.
-
-TTFT is measured at one point per backend: from the call until the prompt is processed and the
-first answer token is known; `decision_s` runs until the answer is chosen (all options scored,
-or greedy decoding finished).
+A question with choices shows its options lettered, in an order shuffled per question
+(`option_order`), and is scored by a rule of `CHOICE_SCORINGS` (`label`, `pmi` with its
+`ContentFreePrior`, `mean`, `sum`), read from the local engine, from a server that computes
+prompt log-probabilities (`OpenAIResource.choice_logprobs`), or, on llama.cpp's server, from
+a constrained or greedy answer (`pmi` refused there: `check_scoring`). An open question is a
+greedy answer, scored by exact match and token F1 (`normalize_answer`, `token_f1`) and by
+the judge after the run. The rules, the backends and where TTFT is taken: docs/eval.md,
+"Scoring".
 """
 
 from __future__ import annotations
