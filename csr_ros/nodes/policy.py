@@ -74,6 +74,7 @@ from csr_ros.nodes.managed import ManagedNode
 from csr_ros.render import episode_origin_ns
 from csr_ros.ros_params import state_from_params, vocabulary_from_params
 from csr_ros.srv import Query
+from csr_ros.waiting import wait_until
 
 
 SUSPECT_RETRY_S = 30.0      # a suspect server is asked again (hedged) after this long
@@ -949,9 +950,7 @@ def _goal_key(goal_handle) -> bytes:
 def _wait_for_cancel_state(goal_handle, timeout_s: float = 2.0) -> None:
     """rclpy marks a goal canceling right after the cancel callback returns, and that callback
     may have started the execution of a goal that was still waiting: wait for the mark."""
-    deadline = time.monotonic() + timeout_s
-    while not goal_handle.is_cancel_requested and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: goal_handle.is_cancel_requested, timeout_s, interval_s=0.01)
 
 
 class _QueryWorker:

@@ -60,6 +60,7 @@ from csr_ros.reconcile.machine import (ChunkArrived, Extend, Load, Notice, OpFin
                                        VersionChanged)
 from csr_ros.resources.base import QueryResult, Resource
 from csr_ros.state import Chunk, CsrState, Request, Seq
+from csr_ros.waiting import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -563,16 +564,11 @@ class Reconciler:
 
     def wait_idle(self, *, timeout_s: float | None = None) -> bool:
         """Wait until no reconciliation runs and every resource has finished its work."""
-        deadline = None if timeout_s is None else self.clock() + timeout_s
         with self._changed:
-            while True:
-                if not self.machine.reconciling and not self.machine.primary_reloading and \
-                        all(w.idle for w in self._workers.values()):
-                    return True
-                left = None if deadline is None else deadline - self.clock()
-                if left is not None and left <= 0:
-                    return False
-                self._changed.wait(0.05 if left is None else min(left, 0.05))
+            return bool(wait_until(
+                lambda: not self.machine.reconciling and not self.machine.primary_reloading
+                and all(w.idle for w in self._workers.values()),
+                timeout_s, interval_s=0.05, sleep=self._changed.wait, clock=self.clock))
 
     def close(self, *, timeout_s: float = 5.0) -> None:
         """Stop the workers and timers; the resources and the chunk log belong to the caller.
