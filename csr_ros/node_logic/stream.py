@@ -303,11 +303,13 @@ class StateFold:
         return self._apply(self.order.offer(event))
 
     def on_fetched(self, chunks: Sequence[ChunkEvent], first_available_seq: int, *,
-                   stream: str = "") -> FetchRequest | None:
+                   stream: str = "", probe: bool = False) -> FetchRequest | None:
+        """A GetChunks answer; `probe`: the answer to `probe()` (see `SeqOrderer.fetched_all`)."""
         chunks = self._of_current_stream(chunks, stream)
         if chunks is None:
             return None
-        return self._apply(self.order.fetched(chunks, first_available_seq))
+        fetched = self.order.fetched_all if probe else self.order.fetched
+        return self._apply(fetched(chunks, first_available_seq))
 
     def on_fetch_failed(self) -> FetchRequest | None:
         return self._apply(self.order.fetch_failed())
@@ -410,13 +412,6 @@ class StateFold:
     def probe(self) -> FetchRequest | None:
         self.needs_probe = False
         return self.order.probe()
-
-    def on_fetched_all(self, chunks: Sequence[ChunkEvent], first_available_seq: int, *,
-                       stream: str = "") -> FetchRequest | None:
-        chunks = self._of_current_stream(chunks, stream)
-        if chunks is None:
-            return None
-        return self._apply(self.order.fetched_all(chunks, first_available_seq))
 
     def _apply(self, step: Step) -> FetchRequest | None:
         for item in step.items:

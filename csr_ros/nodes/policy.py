@@ -329,8 +329,7 @@ class PolicyNode(ManagedNode):
         before = self.fold.lost
         restarts = self.fold.counters.stream_restarts
         first = int(response.first_available_seq)
-        self._fetch(self.fold.on_fetched_all(events, first, stream=response.stream) if probe
-                    else self.fold.on_fetched(events, first, stream=response.stream))
+        self._fetch(self.fold.on_fetched(events, first, stream=response.stream, probe=probe))
         self._stream_check(restarts)
         if self.fold.lost > before:
             self.get_logger().warning(
