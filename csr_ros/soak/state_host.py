@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from csr_ros.actions import Vocabulary
 from csr_ros.chunklog import ChunkLog, Retention, rebuild_state, resume
@@ -85,6 +85,12 @@ class HostConfig:
     capsule_every_s: float | None
     retain_bytes: int | None
     retain_s: float | None
+
+    @classmethod
+    def from_settings(cls, settings, **given) -> "HostConfig":
+        """The fields `given`, and the others from the soak's settings of the same name."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)
+                      if f.name not in given} | given)
 
 
 def start_host(config: HostConfig):

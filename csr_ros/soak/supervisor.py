@@ -358,18 +358,10 @@ class Soak:
             urls = (s.r1, s.r2) if s.r1 else tuple(v.url for v in self.servers.values())
         else:
             urls = ()
-        return HostConfig(
-            log_path=str(self.log_path), host_log=str(self.run_dir / "state.log"),
-            resource=s.resource, urls=urls, model=s.model,
+        return HostConfig.from_settings(
+            s, log_path=str(self.log_path), host_log=str(self.run_dir / "state.log"), urls=urls,
             threads=s.threads or min(2, len(os.sched_getaffinity(0))),
-            background_threads=s.background_threads, dtype=s.dtype, backend=s.backend,
-            tau_mem_tokens=s.tau_mem_tokens, max_context_tokens=s.max_context_tokens,
-            reserve_tokens=s.reserve_tokens, n_catchup_tokens=s.n_catchup_tokens,
-            max_chunk_tokens=s.max_chunk_tokens, max_new_tokens=s.max_new_tokens,
-            query_timeout_s=s.query_timeout_s, hedge_after_s=s.hedge_after_s or None,
-            op_timeout_s=s.op_timeout_s,
-            capsule_every_s=s.capsule_every_s, retain_bytes=s.retain_bytes,
-            retain_s=s.retain_s)
+            hedge_after_s=s.hedge_after_s or None)
 
     def _start_host(self) -> None:
         self.generation += 1
