@@ -200,26 +200,23 @@ def bag_play_command(bag: str, *, rate: str = "1.0", topics: str = "", start_off
     the nodes are up and subscribed; 0 is no wait (rosbag2 refuses `--delay 0`: it takes only
     values above 0).
     """
-    cmd = ["ros2", "bag", "play", bag, "--rate", _rate(rate)]
-    if clock:
-        cmd.append("--clock")
-    names = _split(topics)
-    if names:
-        cmd += ["--topics", *names]
-    if start_offset_s:
-        cmd += ["--start-offset", _number(start_offset_s, "start_offset")]
-    if delay_s and float(_number(delay_s, "delay")) > 0:
-        cmd += ["--delay", delay_s]
-    if loop:
-        cmd.append("--loop")
-    return cmd
+    if delay_s and float(_number(delay_s, "delay")) <= 0:
+        delay_s = ""
+    return _play_command(["ros2", "bag", "play", bag], rate=rate, topics=topics,
+                         start_offset_s=start_offset_s, delay_s=delay_s, loop=loop, clock=clock)
 
 
 def csr_play_command(bag: str, *, rate: str = "1.0", topics: str = "", start_offset_s: str = "",
                      delay_s: str = "", loop: bool = False, clock: bool = True) -> list[str]:
     """`csr-ros replay BAG --play` (rclpy, no rosbag2) with the same options as
     bag_play_command."""
-    cmd = ["csr-ros", "replay", bag, "--play", "--rate", _rate(rate)]
+    return _play_command(["csr-ros", "replay", bag, "--play"], rate=rate, topics=topics,
+                         start_offset_s=start_offset_s, delay_s=delay_s, loop=loop, clock=clock)
+
+
+def _play_command(player: list[str], *, rate: str, topics: str, start_offset_s: str,
+                  delay_s: str, loop: bool, clock: bool) -> list[str]:
+    cmd = [*player, "--rate", _rate(rate)]
     if clock:
         cmd.append("--clock")
     names = _split(topics)

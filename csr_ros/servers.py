@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 from csr_ros.cpu import bf16_flags
 from csr_ros.errors import (ConfigError, PortInUseError, ResourceTimeoutError,
                             ResourceUnavailableError)
+from csr_ros.waiting import wait_until
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)   # health polls would log every request
@@ -611,11 +612,11 @@ def wait_healthy(url: str, *, health_path: str = "/health", timeout_s: float = 1
     import httpx
 
     started = time.monotonic()
-    deadline = started + timeout_s
     next_progress = started + progress_every_s
     last_error = "no answer yet"
     with httpx.Client(timeout=2.0, trust_env=False) as client:
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
+            nonlocal next_progress, last_error
             if progress is not None and time.monotonic() >= next_progress:
                 next_progress += progress_every_s
                 line = _last_log_line(log_path)
@@ -629,11 +630,13 @@ def wait_healthy(url: str, *, health_path: str = "/health", timeout_s: float = 1
             try:
                 response = client.get(url.rstrip("/") + health_path)
                 if response.status_code == 200:
-                    return
+                    return True
                 last_error = f"HTTP {response.status_code}"
             except httpx.HTTPError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
-            time.sleep(poll_s)
+            return False
+        if wait_until(healthy, timeout_s, interval_s=poll_s):
+            return
     raise ResourceTimeoutError(f"{url}{health_path} not healthy after {timeout_s:.0f} s "
                                f"({last_error})")
 

@@ -109,3 +109,41 @@ def test_nothing_outside_the_benchmarks_and_the_command_line_imports_a_benchmark
                        if not mod.startswith(("csr_ros.bench", "csr_ros.tools"))
                        for name in imported(path) if name.startswith("csr_ros.bench"))
     assert offenders == []
+
+
+# the ROS run harnesses' polls of what their graph observers saw, folded with those observers
+ROS_OBSERVER_POLLS = {"bench/replay_graph.py:run", "bench/watchdog_faults.py:_overflow",
+                      "bench/watchdog_faults.py:wait", "bench/watchdog_faults.py:_call",
+                      "harness/ros_demo.py:run_ros_demo"}
+
+
+def _reads_the_clock(node: ast.AST) -> bool:
+    """`time.monotonic()`, `clock()`, or a name holding a deadline."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        return (isinstance(func, ast.Attribute) and func.attr == "monotonic") or \
+            (isinstance(func, ast.Name) and func.id == "clock")
+    return isinstance(node, ast.Name) and "deadline" in node.id
+
+
+def _polls_a_deadline(loop: ast.While) -> bool:
+    """A `while` loop that compares the clock (or a deadline) and sleeps (`time.sleep`, or an
+    event's or a condition's `wait`)."""
+    compares_clock = any(isinstance(n, ast.Compare)
+                         and any(_reads_the_clock(o) for o in [n.left, *n.comparators])
+                         for n in ast.walk(loop))
+    calls = [n.func for n in ast.walk(loop)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    sleeps = any(f.attr == "wait" or (f.attr == "sleep" and isinstance(f.value, ast.Name)
+                                      and f.value.id == "time") for f in calls)
+    return compares_clock and sleeps
+
+
+def test_one_function_polls_a_condition_until_a_deadline():
+    pollers = sorted(f"{path.relative_to(PACKAGE)}:{node.name}"
+                     for path in MODULES.values()
+                     for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and any(isinstance(loop, ast.While) and _polls_a_deadline(loop)
+                             for loop in ast.walk(node)))
+    assert sorted(set(pollers) - ROS_OBSERVER_POLLS) == ["waiting.py:wait_until"]

@@ -161,7 +161,7 @@ def test_the_orderer_drops_held_events_that_were_evicted():
 
 def test_a_start_probe_fetches_the_history_of_a_quiet_stream(fold):
     assert fold.probe() == FetchRequest(start_seq=0, end_seq=0)
-    assert fold.on_fetched_all([event(5), event(6)], first_available_seq=5) is None
+    assert fold.on_fetched([event(5), event(6)], first_available_seq=5, probe=True) is None
     assert [c.seq for c in fold.state.chunks] == [5, 6] and fold.lost == 5
 
 
@@ -204,7 +204,7 @@ def test_a_swap_naming_a_new_stream_resets_before_its_first_chunk_arrives(fold):
 def test_a_get_chunks_answer_from_a_new_stream_is_a_new_stream(fold):
     for seq in range(3):
         fold.on_chunk(event(seq, "a"))
-    fold.on_fetched_all([event(0, "b"), event(1, "b")], 0, stream="b")
+    fold.on_fetched([event(0, "b"), event(1, "b")], 0, stream="b", probe=True)
     assert fold.stream == "b" and [c.seq for c in fold.state.chunks] == [0, 1]
 
 
@@ -229,5 +229,5 @@ def test_a_start_event_that_keeps_chunks_the_policy_evicted_refetches_them(fold)
     assert fold.needs_probe and fold.state.chunks == [] and fold.next_seq == 2
     request = fold.probe()
     assert (request.start_seq, request.end_seq) == (2, 0)
-    fold.on_fetched_all([event(s) for s in range(2, 6)], 0)
+    fold.on_fetched([event(s) for s in range(2, 6)], 0, probe=True)
     assert [c.seq for c in fold.state.chunks] == [2, 3, 4, 5] and fold.version == 3

@@ -40,6 +40,7 @@ from csr_ros.gateway.answer import Answer, AnswerStream, Decoding, settle
 from csr_ros.gateway.service import Completion, Gateway, Started
 from csr_ros.gateway.session import parse_chat, parse_completion_prompt, session_key
 from csr_ros.gateway.tool_calls import parse_tools, plan_decoding
+from csr_ros.waiting import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -393,11 +394,13 @@ class ServerThread:
 
     def __enter__(self) -> "ServerThread":
         self._thread.start()
-        deadline = time.monotonic() + 30.0
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise ConfigError(f"the gateway could not start serving on {self.url}")
-            time.sleep(0.02)
+        failed = ConfigError(f"the gateway could not start serving on {self.url}")
+
+        def started() -> bool:
+            if not self._server.started and not self._thread.is_alive():
+                raise failed
+            return self._server.started
+        wait_until(started, 30.0, interval_s=0.02, timeout_error=failed)
         return self
 
     def __exit__(self, *exc) -> None:

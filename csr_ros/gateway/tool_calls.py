@@ -30,7 +30,6 @@ from csr_ros.gateway.json_grammar import any_object_gbnf, schema_gbnf
 #: the longest text argument a tool gets (a sentence for `say`)
 MAX_STR_CHARS = 128
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-_TYPES = ("string", "integer", "number", "boolean")
 _BOUND_KEYS = ("minimum", "maximum", "minLength", "maxLength")
 _PARAMETER_KEYS = {"type", "enum", "const", "description", "title", "default", "examples",
                    *_BOUND_KEYS}
@@ -265,11 +264,8 @@ def _argument(name: str, schema: Any, where: str) -> dict:
             raise GatewayRequestError(f"{where}: an enum here is a non-empty list of non-empty "
                                       "strings")
         return {"enum": values}
-    if schema.get("type") not in _TYPES:
-        raise GatewayRequestError(f"{where} has type {schema.get('type')!r}: parameters are "
-                                  "string, integer, number, boolean or a string enum")
-    # the bounds go to the vocabulary, which holds them in the grammar or refuses them
-    return {"type": schema["type"], **{k: schema[k] for k in _BOUND_KEYS if k in schema}}
+    # the type and the bounds are the vocabulary's to check, as for a robot's actions
+    return {"type": schema.get("type"), **{k: schema[k] for k in _BOUND_KEYS if k in schema}}
 
 
 def _first_paragraph(text: str) -> str:

@@ -11,7 +11,7 @@ Pure: no rclpy, no threads, no clocks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from csr_ros.errors import ChunkError, ConfigError
 from csr_ros.state import Chunk, CsrState, Seq, Version
@@ -303,11 +303,13 @@ class StateFold:
         return self._apply(self.order.offer(event))
 
     def on_fetched(self, chunks: Sequence[ChunkEvent], first_available_seq: int, *,
-                   stream: str = "") -> FetchRequest | None:
+                   stream: str = "", probe: bool = False) -> FetchRequest | None:
+        """A GetChunks answer; `probe`: the answer to `probe()` (see `SeqOrderer.fetched_all`)."""
         chunks = self._of_current_stream(chunks, stream)
         if chunks is None:
             return None
-        return self._apply(self.order.fetched(chunks, first_available_seq))
+        fetched = self.order.fetched_all if probe else self.order.fetched
+        return self._apply(fetched(chunks, first_available_seq))
 
     def on_fetch_failed(self) -> FetchRequest | None:
         return self._apply(self.order.fetch_failed())
@@ -411,13 +413,6 @@ class StateFold:
         self.needs_probe = False
         return self.order.probe()
 
-    def on_fetched_all(self, chunks: Sequence[ChunkEvent], first_available_seq: int, *,
-                       stream: str = "") -> FetchRequest | None:
-        chunks = self._of_current_stream(chunks, stream)
-        if chunks is None:
-            return None
-        return self._apply(self.order.fetched_all(chunks, first_available_seq))
-
     def _apply(self, step: Step) -> FetchRequest | None:
         for item in step.items:
             if isinstance(item, Lost):
@@ -443,19 +438,24 @@ def make_chunk(state: CsrState, event: ChunkEvent) -> tuple[Chunk, bool]:
     the refusal, so the seq stays gap-free and every node still agrees token for token.
     """
     assert event.seq == state.next_seq, f"event seq {event.seq} != next seq {state.next_seq}"
+    [chunk], refused = add_or_placeholder(state.make_chunks, event)
+    return chunk, refused is not None
+
+
+def add_or_placeholder(add_chunk: Callable[..., list[Chunk]],
+                       event: ChunkEvent) -> tuple[list[Chunk], ChunkError | None]:
+    """`add_chunk(text, source=, stamp_ns=)` of the event, or of the placeholder that names its
+    refusal where the chunk policy refuses it: what it returned, and the refusal (None: taken)."""
     try:
-        [chunk] = state.make_chunks(event.text, source=event.source, stamp_ns=event.stamp_ns)
-        return chunk, False
-    except ChunkError:
-        [chunk] = state.make_chunks(refused_text(event), source=event.source,
-                                    stamp_ns=event.stamp_ns)
-        return chunk, True
+        return add_chunk(event.text, source=event.source, stamp_ns=event.stamp_ns), None
+    except ChunkError as exc:
+        placeholder = f"{event.source or 'chunk'}: [chunk {event.seq} refused]"
+        return add_chunk(placeholder, source=event.source, stamp_ns=event.stamp_ns), exc
 
 
-def refused_text(event: ChunkEvent) -> str:
-    return f"{event.source or 'chunk'}: [chunk {event.seq} refused]"
-
-
-def lost_text(seq: int) -> str:
-    return f"[chunk {seq} lost]"
+def add_lost_placeholders(add_chunk: Callable[..., object], lost: Lost) -> None:
+    """A placeholder for each lost seq, so the seq stays gap-free for a state that cannot
+    skip one."""
+    for seq in range(lost.start_seq, lost.end_seq):
+        add_chunk(f"[chunk {seq} lost]", source="lost", stamp_ns=0)
 

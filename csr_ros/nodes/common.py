@@ -423,7 +423,7 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
         if gave_up is not None:
             print(f"[{label or node_name}] error: {gave_up}", file=sys.stderr)
             code = 2
-    busy = _busy_workers() + _busy_callbacks(executor, timeout_s=1.0)
+    busy = _busy_workers() + drain_callbacks(executor, timeout_s=1.0, cancel_queued=True)
     if busy:
         # A model is still computing on a worker thread (a query or a warm-up that cannot be
         # interrupted) or in a callback (the models loading in the reconciler's start timer).
@@ -439,7 +439,7 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
     return code
 
 
-def drain_callbacks(executor, *, timeout_s: float) -> bool:
+def drain_callbacks(executor, *, timeout_s: float, cancel_queued: bool = False) -> list[str]:
     """Let the handlers a MultiThreadedExecutor has queued run out, before its shutdown().
 
     jazzy's MultiThreadedExecutor hands each ready callback to a thread pool (`_executor`) and
@@ -450,41 +450,26 @@ def drain_callbacks(executor, *, timeout_s: float) -> bool:
     ("The following exception was never retrieved"). Cancelling them instead leaves their
     coroutines never awaited, also printed. So: no new handlers (the spin has ended), the
     queued ones run (the nodes' callbacks return at once once `stop_callbacks` was called),
-    and only then shutdown(). True when the pool is idle within `timeout_s` (a callback still
-    running, e.g. a model load, is the caller's to handle)."""
+    and only then shutdown(). Its shutdown() does not shut the pool down either, and
+    interpreter exit would join its threads: after the executor's shutdown, `cancel_queued`
+    drops what is still queued. The names of the pool's threads still running a callback after
+    `timeout_s`: empty when the pool is idle (a callback still running, e.g. a model load, is
+    the caller's to handle)."""
     pool = getattr(executor, "_executor", None)
     if pool is None:
-        return True
-    pool.shutdown(wait=False)
+        return []
+    pool.shutdown(wait=False, cancel_futures=cancel_queued)
     deadline = time.monotonic() + timeout_s
     threads = list(getattr(pool, "_threads", ()))
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    return not any(t.is_alive() for t in threads)
+    return [t.name for t in threads if t.is_alive()]
 
 
 def _busy_workers() -> list[str]:
     """The csr_ros worker threads still running after the nodes were closed."""
     return [t.name for t in threading.enumerate()
             if t is not threading.current_thread() and t.name.startswith("csr-") and t.is_alive()]
-
-
-def _busy_callbacks(executor, *, timeout_s: float) -> list[str]:
-    """The executor's threads still running a callback `timeout_s` after the spin ended.
-
-    rclpy's MultiThreadedExecutor (jazzy) never shuts down its thread pool, and its shutdown()
-    does not wait for running callbacks; interpreter exit would then join them. The pool is
-    shut down here (idle threads end at once) and what is still alive after `timeout_s` is
-    busy."""
-    pool = getattr(executor, "_executor", None)
-    if pool is None:
-        return []
-    pool.shutdown(wait=False, cancel_futures=True)
-    deadline = time.monotonic() + timeout_s
-    threads = list(getattr(pool, "_threads", ()))
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    return [t.name for t in threads if t.is_alive()]
 
 
 def load_tokenizer(params) -> tuple[object, str]:

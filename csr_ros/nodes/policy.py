@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import json
-import queue
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, InvalidStateError
@@ -64,7 +63,9 @@ from csr_ros.nodes.common import (ACTIONS_QOS, CHUNKS_QOS, DECISIONS_QOS, INSTAN
 from csr_ros.nodes.managed import ManagedNode
 from csr_ros.render import episode_origin_ns
 from csr_ros.ros_params import state_from_params, vocabulary_from_params
+from csr_ros.serial_worker import SerialWorker
 from csr_ros.srv import Query
+from csr_ros.waiting import wait_until
 
 
 SUSPECT_RETRY_S = 30.0      # a suspect server is asked again (hedged) after this long
@@ -88,7 +89,7 @@ class PolicyNode(ManagedNode):
         self.decision_pub = None
         self.fold: StateFold | None = None
         self.fetcher: ChunkFetcher | None = None
-        self.worker: _QueryWorker | None = None
+        self.worker: SerialWorker | None = None
         self.tick_timer = None
         self.decide_server = None
         self.demands: dict[int, _Demand] = {}     # on-demand queries waiting, by scheduler key
@@ -127,7 +128,7 @@ class PolicyNode(ManagedNode):
         self.vocab = vocabulary_from_params(p)          # None: free text only
         self.seen = SeenValues.from_params(p["actions.seen"])
         self.seen_upto_seq = -1
-        self.worker = _QueryWorker()
+        self.worker = SerialWorker("csr-policy-query")
         if self.driver is None:
             self.chunks_sub = self.create_subscription(
                 StateChunk, p["topics.chunks"], self.chunk_callback, CHUNKS_QOS,
@@ -208,7 +209,7 @@ class PolicyNode(ManagedNode):
         for demand in unfinished:     # their callers (a goal's execution, a service call) end
             _end(demand, CsrError("the policy node is shutting down"))
         if self.worker is not None:
-            self.worker.stop()
+            self.worker.stop(cancel_queued=True)
             self.worker = None
         if self.decide_server is not None:
             self.decide_server.destroy()
@@ -319,8 +320,7 @@ class PolicyNode(ManagedNode):
         before = self.fold.lost
         restarts = self.fold.counters.stream_restarts
         first = int(response.first_available_seq)
-        self._fetch(self.fold.on_fetched_all(events, first, stream=response.stream) if probe
-                    else self.fold.on_fetched(events, first, stream=response.stream))
+        self._fetch(self.fold.on_fetched(events, first, stream=response.stream, probe=probe))
         self._stream_check(restarts)
         if self.fold.lost > before:
             self.get_logger().warning(
@@ -940,47 +940,7 @@ def _goal_key(goal_handle) -> bytes:
 def _wait_for_cancel_state(goal_handle, timeout_s: float = 2.0) -> None:
     """rclpy marks a goal canceling right after the cancel callback returns, and that callback
     may have started the execution of a goal that was still waiting: wait for the mark."""
-    deadline = time.monotonic() + timeout_s
-    while not goal_handle.is_cancel_requested and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-class _QueryWorker:
-    """Runs queries one at a time on a daemon thread: a process that is stopped does not wait
-    for a model to finish (a ThreadPoolExecutor's threads are joined at exit)."""
-
-    def __init__(self):
-        self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="csr-policy-query", daemon=True)
-        self._thread.start()
-
-    def submit(self, fn) -> Future:
-        future: Future = Future()
-        self._queue.put((fn, future))
-        return future
-
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fn, future = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # delivered to whoever waits on the future
-                future.set_exception(exc)
-
-    def stop(self) -> None:
-        while True:                        # cancel what has not started
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[1].cancel()
-        self._queue.put(None)
+    wait_until(lambda: goal_handle.is_cancel_requested, timeout_s, interval_s=0.01)
 
 
 def _arguments(action) -> tuple[list[str], list[str], str]:

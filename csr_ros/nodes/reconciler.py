@@ -26,11 +26,11 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 
 from csr_ros import ros_params
 from csr_ros.chunklog import ChunkLog, last_stream, rebuild_state
-from csr_ros.errors import ChunkError, ChunkLogFullError, ConfigError, ResourceError
+from csr_ros.errors import ChunkLogFullError, ConfigError, ResourceError
 from csr_ros.eviction import make_policy
 from csr_ros.msg import StateChunk, SwapEvent
-from csr_ros.node_logic.stream import (ChunkEvent, Lost, SeqOrderer, Step, StreamTracker, lost_text,
-                                       make_chunk, refused_text)
+from csr_ros.node_logic.stream import (ChunkEvent, Lost, SeqOrderer, Step, StreamTracker,
+                                       add_lost_placeholders, add_or_placeholder, make_chunk)
 from csr_ros.node_logic.swaps import TimedResource, swap_report
 from csr_ros.node_logic.health import OK, WARN
 from csr_ros.nodes.common import (CHUNKS_QOS, SWAPS_QOS, ChunkFetcher, chunk_event,
@@ -383,14 +383,10 @@ class ReconcilerNode(ManagedNode):
                     self.get_logger().error(f"{exc}; chunk {event.seq} waits for the start")
             self.unlogged.append(event)            # the driver takes them (and holds them)
             return
-        try:
-            chunks = self.driver.add_chunk(event.text, source=event.source,
-                                           stamp_ns=event.stamp_ns)
-        except ChunkError as exc:
-            self.get_logger().warning(f"chunk {event.seq} refused ({exc}); a placeholder "
+        chunks, refused = add_or_placeholder(self.driver.add_chunk, event)
+        if refused is not None:
+            self.get_logger().warning(f"chunk {event.seq} refused ({refused}); a placeholder "
                                       "keeps its seq")
-            chunks = self.driver.add_chunk(refused_text(event), source=event.source,
-                                           stamp_ns=event.stamp_ns)
         assert chunks[-1].seq == event.seq, f"driver at seq {chunks[-1].seq}, event {event.seq}"
 
     def _lost(self, lost: Lost) -> None:
@@ -403,8 +399,7 @@ class ReconcilerNode(ManagedNode):
         self.lost_while_running += lost.end_seq - lost.start_seq
         self.get_logger().error(f"chunks {lost.start_seq}..{lost.end_seq - 1} lost while "
                                 "running; placeholders keep the seq")
-        for seq in range(lost.start_seq, lost.end_seq):
-            self.driver.add_chunk(lost_text(seq), source="lost", stamp_ns=0)
+        add_lost_placeholders(self.driver.add_chunk, lost)
 
     # -- GetChunks -----------------------------------------------------------------------------
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-import queue
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future
@@ -59,7 +58,9 @@ from csr_ros.reconcile.machine import (ChunkArrived, Extend, Load, Notice, OpFin
                                        Reconciliation, Route, StartTimer, TimerFired,
                                        VersionChanged)
 from csr_ros.resources.base import QueryResult, Resource
+from csr_ros.serial_worker import SerialWorker
 from csr_ros.state import Chunk, CsrState, Request, Seq
+from csr_ros.waiting import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -143,57 +144,6 @@ class SwapRecord:
     t_s: float
 
 
-class _Worker:
-    """Runs submitted calls one at a time, in order, on its own thread."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self._queue: queue.Queue = queue.Queue()
-        self._busy = 0
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name=f"csr-{name}", daemon=True)
-        self._thread.start()
-
-    def submit(self, fn: Callable[[], object]) -> Future:
-        """Queue `fn`; a future cancelled before it starts is skipped."""
-        future: Future = Future()
-        with self._lock:
-            self._busy += 1
-        self._queue.put((fn, future))
-        return future
-
-    @property
-    def idle(self) -> bool:
-        with self._lock:
-            return self._busy == 0
-
-    @property
-    def backlog(self) -> int:
-        """Calls queued or running."""
-        with self._lock:
-            return self._busy
-
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fn, future = item
-            try:
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(fn())
-                    except BaseException as exc:   # delivered to whoever waits on the future
-                        future.set_exception(exc)
-            finally:
-                with self._lock:
-                    self._busy -= 1
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout_s)
-
-
 class Reconciler:
     """ASR over one (baselines) or two resources, for any `Resource`."""
 
@@ -234,7 +184,7 @@ class Reconciler:
         self._superseded: set[int] = set()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._workers = {name: _Worker(name) for name in names}
+        self._workers = {name: SerialWorker(f"csr-{name}") for name in names}
         self._timers: dict[int, threading.Timer] = {}
         self._closed = False
 
@@ -563,16 +513,11 @@ class Reconciler:
 
     def wait_idle(self, *, timeout_s: float | None = None) -> bool:
         """Wait until no reconciliation runs and every resource has finished its work."""
-        deadline = None if timeout_s is None else self.clock() + timeout_s
         with self._changed:
-            while True:
-                if not self.machine.reconciling and not self.machine.primary_reloading and \
-                        all(w.idle for w in self._workers.values()):
-                    return True
-                left = None if deadline is None else deadline - self.clock()
-                if left is not None and left <= 0:
-                    return False
-                self._changed.wait(0.05 if left is None else min(left, 0.05))
+            return bool(wait_until(
+                lambda: not self.machine.reconciling and not self.machine.primary_reloading
+                and all(w.idle for w in self._workers.values()),
+                timeout_s, interval_s=0.05, sleep=self._changed.wait, clock=self.clock))
 
     def close(self, *, timeout_s: float = 5.0) -> None:
         """Stop the workers and timers; the resources and the chunk log belong to the caller.
@@ -590,7 +535,7 @@ class Reconciler:
                                len(self._held), self._held[0].seq)
         deadline = time.monotonic() + timeout_s
         for worker in self._workers.values():
-            worker.stop(max(0.0, deadline - time.monotonic()))
+            worker.stop(timeout_s=max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> "Reconciler":
         return self

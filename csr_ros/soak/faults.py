@@ -29,8 +29,9 @@ import os
 import random
 import resource
 import subprocess
-import time
 from pathlib import Path
+
+from csr_ros.waiting import wait_until
 
 log = logging.getLogger("csr_ros.soak")
 
@@ -152,17 +153,19 @@ def unmount(root: Path, *, timeout_s: float = 30.0) -> str | None:
     process and its workers end a moment after they are stopped or killed). Still held after
     `timeout_s`: detached (it goes once its last holder closes), and what held it, else None."""
     libc = ctypes.CDLL(None, use_errno=True)
-    deadline = time.monotonic() + timeout_s
-    while libc.umount2(str(root).encode(), 0) != 0:
+
+    def unmounted() -> tuple[str | None] | None:
+        """(None,) once unmounted, (why,) when it cannot be, None while the mount is busy."""
+        if libc.umount2(str(root).encode(), 0) == 0:
+            return (None,)
         err = ctypes.get_errno()
-        if err != errno.EBUSY:
-            return f"could not unmount {root}: {os.strerror(err)}"
-        if time.monotonic() > deadline:
-            holders = _holders(root)
-            libc.umount2(str(root).encode(), _MNT_DETACH)
-            return f"{root} still held after {timeout_s:.0f} s by {holders}; detached"
-        time.sleep(0.1)
-    return None
+        return None if err == errno.EBUSY else (f"could not unmount {root}: {os.strerror(err)}",)
+    done = wait_until(unmounted, timeout_s)
+    if done is not None:
+        return done[0]
+    holders = _holders(root)
+    libc.umount2(str(root).encode(), _MNT_DETACH)
+    return f"{root} still held after {timeout_s:.0f} s by {holders}; detached"
 
 
 def _holders(root: Path) -> list[str]:

@@ -31,15 +31,15 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from csr_ros.actions import Vocabulary
 from csr_ros.chunklog import ChunkLog, Retention, rebuild_state, resume
 from csr_ros.chunks import ChunkPolicy
-from csr_ros.errors import ChunkError
 from csr_ros.eviction import make_policy
 from csr_ros.layout import Layout
-from csr_ros.node_logic.stream import ChunkEvent, Lost, SeqOrderer, lost_text, refused_text
+from csr_ros.node_logic.stream import (ChunkEvent, Lost, SeqOrderer, add_lost_placeholders,
+                                       add_or_placeholder)
 from csr_ros.patrol.world import ROOMS
 from csr_ros.reconcile.driver import Reconciler
 from csr_ros.reconcile.machine import ReconcileConfig
@@ -85,6 +85,12 @@ class HostConfig:
     capsule_every_s: float | None
     retain_bytes: int | None
     retain_s: float | None
+
+    @classmethod
+    def from_settings(cls, settings, **given) -> "HostConfig":
+        """The fields `given`, and the others from the soak's settings of the same name."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)
+                      if f.name not in given} | given)
 
 
 def start_host(config: HostConfig):
@@ -248,20 +254,15 @@ class StateHost:
                 self.lost += item.end_seq - item.start_seq
                 log.error("chunks %d..%d lost: placeholders keep their seqs", item.start_seq,
                           item.end_seq - 1)
-                for seq in range(item.start_seq, item.end_seq):
-                    self.rec.add_chunk(lost_text(seq), source="lost", stamp_ns=0)
+                add_lost_placeholders(self.rec.add_chunk, item)
                 continue
             self._add(item)
 
     def _add(self, event: ChunkEvent) -> None:
-        try:
-            chunks = self.rec.add_chunk(event.text, source=event.source,
-                                        stamp_ns=event.stamp_ns)
-        except ChunkError as exc:
+        chunks, refused = add_or_placeholder(self.rec.add_chunk, event)
+        if refused is not None:
             self.refused += 1
-            log.warning("chunk %d refused (%s); a placeholder keeps its seq", event.seq, exc)
-            chunks = self.rec.add_chunk(refused_text(event), source=event.source,
-                                        stamp_ns=event.stamp_ns)
+            log.warning("chunk %d refused (%s); a placeholder keeps its seq", event.seq, refused)
         assert chunks[-1].seq == event.seq, f"state at seq {chunks[-1].seq}, event {event.seq}"
         self.largest_tokens = max(self.largest_tokens, chunks[-1].n_tokens)
         self.chunks_added += len(chunks)

@@ -52,6 +52,7 @@ from csr_ros.soak.settings import SoakSettings
 from csr_ros.soak.state_host import HostConfig, start_host
 from csr_ros.soak.summary import (FaultRecord, ProcessSeries, SoakSummary, ttft_figures)
 from csr_ros.soak.traffic import Aggregator, PatrolTraffic
+from csr_ros.waiting import wait_until
 
 log = logging.getLogger("csr_ros.soak")
 
@@ -357,18 +358,10 @@ class Soak:
             urls = (s.r1, s.r2) if s.r1 else tuple(v.url for v in self.servers.values())
         else:
             urls = ()
-        return HostConfig(
-            log_path=str(self.log_path), host_log=str(self.run_dir / "state.log"),
-            resource=s.resource, urls=urls, model=s.model,
+        return HostConfig.from_settings(
+            s, log_path=str(self.log_path), host_log=str(self.run_dir / "state.log"), urls=urls,
             threads=s.threads or min(2, len(os.sched_getaffinity(0))),
-            background_threads=s.background_threads, dtype=s.dtype, backend=s.backend,
-            tau_mem_tokens=s.tau_mem_tokens, max_context_tokens=s.max_context_tokens,
-            reserve_tokens=s.reserve_tokens, n_catchup_tokens=s.n_catchup_tokens,
-            max_chunk_tokens=s.max_chunk_tokens, max_new_tokens=s.max_new_tokens,
-            query_timeout_s=s.query_timeout_s, hedge_after_s=s.hedge_after_s or None,
-            op_timeout_s=s.op_timeout_s,
-            capsule_every_s=s.capsule_every_s, retain_bytes=s.retain_bytes,
-            retain_s=s.retain_s)
+            hedge_after_s=s.hedge_after_s or None)
 
     def _start_host(self) -> None:
         self.generation += 1
@@ -376,16 +369,15 @@ class Soak:
 
     def _wait_first_ready(self) -> None:
         self._say("starting the state's process (models load, the prefix is prefilled)")
-        deadline = time.monotonic() + HOST_START_TIMEOUT_S
-        while self.host.ready is None:
+
+        def ready() -> bool:
             if not self.host.running and self.host.ready is None:
                 self.host.receiver.join(5.0)
                 raise ConfigError(f"the state's process did not start: {self.host.error}; "
                                   f"see {self.run_dir / 'state.log'}")
-            if time.monotonic() > deadline:
-                raise ConfigError("the state's process did not get ready in "
-                                  f"{HOST_START_TIMEOUT_S:.0f} s")
-            time.sleep(0.1)
+            return self.host.ready is not None
+        wait_until(ready, HOST_START_TIMEOUT_S, timeout_error=ConfigError(
+            f"the state's process did not get ready in {HOST_START_TIMEOUT_S:.0f} s"))
         self._resend(self.host)
         self.first_ready = dict(self.host.ready)
         self.robot_started_wall = time.monotonic()
@@ -622,13 +614,8 @@ class Soak:
         return 60.0 * self.s.speedup
 
     def _wait_live(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not self.stop.is_set():
-            host = self.host
-            if host is not None and host.live:
-                return True
-            time.sleep(0.2)
-        return False
+        return bool(wait_until(lambda: (host := self.host) is not None and host.live,
+                               timeout_s, interval_s=0.2, stop=self.stop))
 
     def _policy_counts(self) -> tuple[int, int]:
         with self.lock:
@@ -639,45 +626,48 @@ class Soak:
         """Wait until the fault is behind: `ready(status)`, a decision answered after
         `cleared`, nothing held, and the state equal to the one its log rebuilds."""
         skipped0, failed0 = record.extra.pop("_counts")
-        deadline = t0 + self.s.recovery_timeout_s
         why = "the state's process is not back"
-        while time.monotonic() < deadline:
-            time.sleep(0.5)
+
+        def equal_check() -> dict | None:
+            nonlocal why
             host = self.host
             if host is None or not host.live:
                 why = "the state's process is not back"
-                continue
+                return None
             try:
                 status = self.fresh_status()
             except HostDown as exc:
                 why = str(exc)
-                continue
+                return None
             if not ready(status):
                 why = record.extra.get("_why", "the component is not back")
-                continue
+                return None
             if self.last_ok_wall <= cleared:
                 why = "no decision answered since"
-                continue
+                return None
             if status.get("held_chunks") or status.get("pending_versions") or \
                     status.get("phase") == "retry" or status.get("primary_reloading"):
                 why = (f"{status.get('held_chunks')} chunks held, "
                        f"{status.get('pending_versions')} version records pending, phase "
                        f"{status.get('phase')}")
-                continue
+                return None
             try:
                 check = host.ask("check", timeout_s=60)
             except HostDown as exc:
                 why = str(exc)
-                continue
+                return None
             if not check["equal"]:
                 why = f"the state differs from its log: {check}"
-                continue
+                return None
+            return check
+        check = wait_until(equal_check, t0 + self.s.recovery_timeout_s - time.monotonic(),
+                           interval_s=0.5)
+        if check is not None:
             record.recovered = True
             record.recovery_s = time.monotonic() - t0
             record.state_equals_log = True
             record.extra["check"] = {k: check[k] for k in ("version", "seqs", "log_seqs",
                                                            "n_static_tokens")}
-            break
         else:
             record.why_not = why
             record.state_equals_log = False
@@ -818,15 +808,17 @@ class Soak:
         t0 = self._begin(record)
         self.fs.fill(self.host.pid, self.log_path)
         held_max, pending_max = 0, 0
-        end = time.monotonic() + hold_s
-        while time.monotonic() < end and not self.stop.is_set():
-            time.sleep(0.5)
+
+        def watch() -> bool:         # never true: the figures are watched for `hold_s`
+            nonlocal held_max, pending_max
             try:
                 st = self.fresh_status(timeout_s=10)
             except HostDown:
-                continue
+                return False
             held_max = max(held_max, st.get("held_chunks", 0))
             pending_max = max(pending_max, st.get("pending_versions", 0))
+            return False
+        wait_until(watch, hold_s, interval_s=0.5, stop=self.stop)
         self.fs.free()
         cleared = time.monotonic()
         record.detail = (f"{self.fs.describe}, for {hold_s:.0f} s; up to {held_max} chunks "
@@ -843,10 +835,9 @@ class Soak:
         t0 = self._begin(record)
         self._set_clock(CLOCK_JUMP_S)
         self.stop.wait(hold_s)
-        until = time.monotonic() + self.s.recovery_timeout_s / 2
-        while self.aggregator.next_seq < seq0 + 3 and time.monotonic() < until and \
-                not self.stop.is_set():      # some chunks under the jumped clock first
-            time.sleep(0.5)
+        wait_until(lambda: self.aggregator.next_seq >= seq0 + 3,   # some chunks under the
+                   self.s.recovery_timeout_s / 2, interval_s=0.5,  # jumped clock first
+                   stop=self.stop)
         self._set_clock(0.0)
         cleared = time.monotonic()
         seq_back = self.aggregator.next_seq
@@ -906,16 +897,14 @@ class Soak:
 
     def _fault_double(self, record: FaultRecord, plan: FaultPlan) -> None:
         variant = plan.choice(["both_resources", "state_process"])
-        deadline = time.monotonic() + 300.0
-        phase = None
-        while time.monotonic() < deadline and not self.stop.is_set():
+
+        def running_phase() -> str | None:
             try:
                 phase = self.fresh_status(timeout_s=10).get("phase")
             except HostDown:
-                phase = None
-            if phase in ("warm", "catchup"):
-                break
-            time.sleep(0.1)
+                return None
+            return phase if phase in ("warm", "catchup") else None
+        phase = wait_until(running_phase, 300.0, stop=self.stop)
         during = f"during a running reconciliation ({phase})" if phase in ("warm", "catchup") \
             else "(no reconciliation started within 300 s)"
         if variant == "state_process":
@@ -1022,23 +1011,21 @@ class Soak:
     def _drain_and_stop(self) -> tuple[dict | None, dict | None]:
         """Every chunk sent is in the state (or the log, held ones too), then a last check,
         then the state's process stops and the servers with it."""
-        deadline = time.monotonic() + self.s.recovery_timeout_s
-        check = None
-        while time.monotonic() < deadline:
+
+        def last_check() -> dict | None:
             self._watch_host()
             host = self.host
             if host is None or not host.live:
-                time.sleep(0.5)
-                continue
+                return None
             try:
                 status = self.fresh_status()
             except HostDown:
-                continue
+                return None
             if status["next_seq"] >= self.aggregator.next_seq and not status["held_chunks"] \
                     and not status["pending_versions"] and status["primary_backlog"] == 0:
-                check = host.ask("check", timeout_s=120)
-                break
-            time.sleep(0.5)
+                return host.ask("check", timeout_s=120)
+            return None
+        check = wait_until(last_check, self.s.recovery_timeout_s, interval_s=0.5)
         final = self.host.stop(self.s.op_timeout_s) if self.host is not None else None
         return final, check
 

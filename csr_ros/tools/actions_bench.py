@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from csr_ros.bench.actions_latency import MODES, run_bench
+from csr_ros.tools.options import add_engine_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,9 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, of "
                                                                  f"{','.join(MODES)}")
     parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads of the engine")
-    parser.add_argument("--dtype", default="auto", help="engine precision: auto (default), "
-                                                        "float32, bfloat16")
+    add_engine_options(parser, "threads", "dtype", threads=1, helps={
+        "threads": "CPU threads of the engine",
+        "dtype": "engine precision: auto (default), float32, bfloat16"})
     parser.add_argument("--seed", type=int, default=0, help="episode seed")
     parser.add_argument("--json", type=Path, help="write the figures as JSON")
 

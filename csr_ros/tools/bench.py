@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 from csr_ros.bench.ttft_bench import DECODE_TOKENS, BenchSettings, run_bench
-from csr_ros.model_store import DEFAULT_MODEL
-from csr_ros.tools.options import ints, words
+from csr_ros.tools.options import add_engine_options, ints, words
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,27 +25,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=None,
                         help="server URL(s) for --resource openai, comma-separated: several "
                              "servers run side by side as openai, openai-2, ...")
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help="'smollm2', a prepared catalog model (csr-ros model list) or a "
-                             "local model directory (weights for local, tokenizer for every "
-                             "resource)")
+    add_engine_options(parser, "model", helps={
+        "model": "'smollm2', a prepared catalog model (csr-ros model list) or a local model "
+                 "directory (weights for local, tokenizer for every resource)"})
     parser.add_argument("--n", default="512,1024",
                         help="static lengths N in tokens, comma-separated")
     parser.add_argument("--m", default="32", help="dynamic lengths M in tokens, comma-separated")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed repeats per cell (median reported)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads of the local engine")
+    add_engine_options(parser, "threads", "backend", "dtype", backend_choices=None, helps={
+        "threads": "torch threads of the local engine",
+        "backend": "local engine(s), comma-separated: auto (default: what dtype auto picks on "
+                   "this CPU), torch (transformers' weights), llamacpp (the GGUF on llama.cpp "
+                   "in process; --dtype/--forward/--decode-weights are torch's). Several run "
+                   "side by side as local, local-<backend>",
+        "dtype": "local engine dtype: auto (default: the fastest this machine offers, e.g. "
+                 "bfloat16 with int4 decode weights on a CPU with native bf16), float32 (the "
+                 "exact reference), bfloat16, float16"})
     parser.add_argument("--device", default="cpu", help="local engine device: cpu, cuda, cuda:1")
-    parser.add_argument("--backend", default="auto",
-                        help="local engine(s), comma-separated: auto (default: what dtype auto "
-                             "picks on this CPU), torch (transformers' weights), llamacpp (the "
-                             "GGUF on llama.cpp in process; --dtype/--forward/--decode-weights "
-                             "are torch's). Several run side by side as local, local-<backend>")
-    parser.add_argument("--dtype", default="auto",
-                        help="local engine dtype: auto (default: the fastest this machine offers, "
-                             "e.g. bfloat16 with int4 decode weights on a CPU with native bf16), "
-                             "float32 (the exact reference), bfloat16, float16")
     parser.add_argument("--decode-weights", default="auto",
                         help="local engine decode-step weights: auto, float, int8, int4")
     parser.add_argument("--decode-threads", type=int, default=None,

@@ -17,9 +17,8 @@ import json
 from pathlib import Path
 
 from csr_ros.episode_run import ACTION_MODES, EpisodeSettings
-from csr_ros.model_store import DEFAULT_MODEL
 from csr_ros.stream_defaults import DEMO
-from csr_ros.tools.options import add_episode_options, from_args
+from csr_ros.tools.options import add_engine_options, add_episode_options, from_args
 
 PACED = ("hold an episode chunk that could fill the context while a reconciliation runs, and "
          "shift the schedule by the wait: every cycle then ends in a swap on any machine "
@@ -58,23 +57,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="context kept free for the dynamic part and the answer")
     res = parser.add_argument_group("resources")
     res.add_argument("--resource", choices=["local", "openai"], default="local")
-    res.add_argument("--model", default=DEFAULT_MODEL,
-                     help="local: 'smollm2', a prepared catalog model (csr-ros model list) or "
-                          "a model directory; openai: the tokenizer's model")
-    res.add_argument("--threads", type=int, default=None,
-                     help="CPU threads of a local engine answering queries (default: 2, or 1 "
-                          "on a one-core machine; with --ros 1, the two engines sharing one "
-                          "process)")
+    add_engine_options(res, helps={
+        "model": "local: 'smollm2', a prepared catalog model (csr-ros model list) or a model "
+                 "directory; openai: the tokenizer's model",
+        "threads": "CPU threads of a local engine answering queries (default: 2, or 1 on a "
+                   "one-core machine; with --ros 1, the two engines sharing one process)",
+        "dtype": "local engine precision: auto (default: with --backend auto, the backend and "
+                 "precision measured fastest here, cached: csr-ros engine show), float32, "
+                 "bfloat16",
+        "backend": "local engine: auto (default: with --dtype auto, the one measured fastest "
+                   "on this machine), torch, llamacpp"})
     res.add_argument("--background-threads", type=int, default=1,
                      help="CPU threads of a local engine while it warms up or catches up "
                           "(default 1)")
-    res.add_argument("--dtype", default="auto",
-                     help="local engine precision: auto (default: with --backend auto, the "
-                          "backend and precision measured fastest here, cached: csr-ros engine "
-                          "show), float32, bfloat16")
-    res.add_argument("--backend", choices=["auto", "torch", "llamacpp"], default="auto",
-                     help="local engine: auto (default: with --dtype auto, the one measured "
-                          "fastest on this machine), torch, llamacpp")
     res.add_argument("--r1", help="openai: URL of the primary server")
     res.add_argument("--r2", help="openai: URL of the secondary server (the tokenizer and the "
                                   "prompt mode, ids or text, come from the servers)")

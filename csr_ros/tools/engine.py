@@ -16,6 +16,7 @@ from pathlib import Path
 
 from csr_ros.engine import calibration
 from csr_ros.errors import ConfigError
+from csr_ros.tools.options import add_engine_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,10 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, help_text in (("calibrate", "measure the candidates again and cache the fastest"),
                             ("show", "the cached choice for this machine, if any")):
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--model", default="smollm2", help="the model (default smollm2)")
-        p.add_argument("--threads", type=int, default=None,
-                       help="compute threads the engine will run on (default: all this "
-                            "process may use)")
+        add_engine_options(p, "model", "threads", helps={
+            "model": "the model (default smollm2)",
+            "threads": "compute threads the engine will run on (default: all this process "
+                       "may use)"})
         p.add_argument("--json", type=Path, default=None, help="write the choice here")
     calibrate = sub.choices["calibrate"]
     calibrate.add_argument("--reps", type=int, default=calibration.REPS,

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from csr_ros.bench.eval.study import FORMATS, EvalSettings
-from csr_ros.tools.options import from_args, ints, words
+from csr_ros.tools.options import add_engine_options, from_args, ints, words
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,12 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     res.add_argument("--resource", choices=("local", "openai"), default="local")
     res.add_argument("--url", action="append", default=None,
                      help="OpenAI-compatible server; twice for CSR's R1 and R2 on two servers")
-    res.add_argument("--model", default=None,
-                     help="local: 'smollm2' (default), a prepared catalog model (csr-ros model "
-                          "list) or a model dir; openai: the served model id")
-    res.add_argument("--threads", type=int, default=None, help="local engine CPU threads")
-    res.add_argument("--backend", choices=("auto", "torch", "llamacpp"), default="auto",
-                     help="local engine (llamacpp: the GGUF in process, fast for a 1.5B model)")
+    add_engine_options(res, "model", "threads", "backend", model=None, helps={
+        "model": "local: 'smollm2' (default), a prepared catalog model (csr-ros model list) or "
+                 "a model dir; openai: the served model id",
+        "threads": "local engine CPU threads",
+        "backend": "local engine (llamacpp: the GGUF in process, fast for a 1.5B model)"})
     res.add_argument("--max-context", type=int, default=None, help="context tokens")
     budget = parser.add_argument_group("budgets (comma-separated lists run each value)")
     budget.add_argument("--tau-mem", default=None, help="CSR: evict at this many static tokens")

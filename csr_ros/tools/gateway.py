@@ -19,6 +19,7 @@ from csr_ros.gateway.service import GatewayConfig
 from csr_ros.reconcile.machine import ReconcileConfig
 from csr_ros.resources.http_errors import API_KEY_ENV
 from csr_ros.stream_defaults import GATEWAY
+from csr_ros.tools.options import add_engine_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,12 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "two OpenAI-compatible servers (--r1, --r2), shared by the sessions")
     a("--r1", help="URL of R1 (--resource openai)")
     a("--r2", help="URL of R2 (--resource openai)")
-    a("--model", default="smollm2", help="model name or directory (default: the embedded one)")
+    add_engine_options(parser, "model", "threads", "dtype", helps={
+        "model": "model name or directory (default: the embedded one)",
+        "threads": "compute threads of each local engine",
+        "dtype": "local engine precision (auto, float32, bfloat16)"})
     a("--model-name", default="csr-ros", help="the model id clients send and /v1/models lists")
-    a("--threads", type=int, default=None, help="compute threads of each local engine")
     a("--background-threads", type=int, default=1,
       help="threads of a local engine while it warms up or catches up")
-    a("--dtype", default="auto", help="local engine precision (auto, float32, bfloat16)")
     a("--max-context-tokens", type=int, default=GATEWAY.max_context_tokens)
     a("--tau-mem", type=int, default=GATEWAY.tau_mem_tokens,
       help="history tokens that start an eviction")

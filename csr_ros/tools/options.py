@@ -6,7 +6,37 @@ import argparse
 from dataclasses import fields
 
 from csr_ros.errors import ConfigError
+from csr_ros.model_store import DEFAULT_MODEL
 from csr_ros.stream_defaults import StreamDefaults
+
+ENGINE_OPTIONS = ("model", "threads", "dtype", "backend")
+BACKENDS = ("auto", "torch", "llamacpp")
+_ENGINE_HELP = {
+    "model": "'smollm2', a prepared catalog model (csr-ros model list) or a model directory",
+    "threads": "CPU threads of the local engine",
+    "dtype": "local engine precision: auto, float32, bfloat16",
+    "backend": "local engine: auto, torch, llamacpp",
+}
+
+
+def add_engine_options(group, *names: str, model: str | None = DEFAULT_MODEL,
+                       threads: int | None = None, dtype: str = "auto", backend: str = "auto",
+                       backend_choices: tuple[str, ...] | None = BACKENDS,
+                       helps: dict[str, str] | None = None) -> None:
+    """The local engine's --model/--threads/--dtype/--backend (those of `names`, default all),
+    with the command's defaults; `helps` gives an option the command's own help text."""
+    helps = _ENGINE_HELP | (helps or {})
+    for name in names or ENGINE_OPTIONS:
+        if name == "model":
+            group.add_argument("--model", default=model, help=helps["model"])
+        elif name == "threads":
+            group.add_argument("--threads", type=int, default=threads, help=helps["threads"])
+        elif name == "dtype":
+            group.add_argument("--dtype", default=dtype, help=helps["dtype"])
+        else:
+            assert name == "backend", f"no engine option {name!r}"
+            group.add_argument("--backend", choices=backend_choices, default=backend,
+                               help=helps["backend"])
 
 
 def add_episode_options(run, stream, d: StreamDefaults, *, seed_help: str, paced_help: str,

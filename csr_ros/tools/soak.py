@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from csr_ros.soak import FAULT_KINDS, SoakSettings, format_report, parse_faults, run_soak
-from csr_ros.tools.options import from_args
+from csr_ros.tools.options import add_engine_options, from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,10 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     res.add_argument("--r2", default=None, help="openai: the second server's URL (without "
                                                 "both, two llama.cpp servers are started)")
     res.add_argument("--server-threads", type=int, default=d.server_threads)
-    res.add_argument("--model", default=d.model)
-    res.add_argument("--threads", type=int, default=None)
-    res.add_argument("--dtype", default=d.dtype)
-    res.add_argument("--backend", choices=["auto", "torch", "llamacpp"], default=d.backend)
+    add_engine_options(res, model=d.model, dtype=d.dtype, backend=d.backend)
     stream = parser.add_argument_group("stream and policy")
     stream.add_argument("--tau-mem", dest="tau_mem_tokens", type=int, default=d.tau_mem_tokens)
     stream.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens)
