@@ -30,6 +30,7 @@ import yaml
 
 from csr_ros.errors import ConfigError
 from csr_ros.harness.ros_graph import NodeProcess, Observer, stop_all
+from csr_ros.waiting import wait_until
 from csr_ros.stats import percentile
 
 
@@ -97,11 +98,14 @@ def run(args) -> int:
     report: dict = {"bag": [str(b) for b in args.bag], "rate": args.rate, "rate_hz": rate_hz,
                     "params": str(params), "sets": args.set}
     try:
-        deadline = time.monotonic() + args.startup_s
-        while not any(m.reason == "start" for _, m in recorder.swaps):
-            if time.monotonic() > deadline or any(p.proc.poll() is not None for p in procs):
-                raise ConfigError(f"the nodes did not start (see {out}/*.log)")
-            time.sleep(0.2)
+        not_started = ConfigError(f"the nodes did not start (see {out}/*.log)")
+
+        def started() -> bool:
+            if any(p.proc.poll() is not None for p in procs):
+                raise not_started
+            return any(m.reason == "start" for _, m in recorder.swaps)
+
+        wait_until(started, args.startup_s, interval_s=0.2, timeout_error=not_started)
         print(f"nodes up; playing {args.bag[0]} at rate {args.rate:g}", file=sys.stderr)
         play_started = time.monotonic()
         player = subprocess.run([sys.executable, "-m", "csr_ros.nodes.player", *map(str, args.bag),

@@ -36,6 +36,7 @@ import yaml
 
 from csr_ros.errors import CsrError
 from csr_ros.harness.ros_graph import NodeProcess, Observer
+from csr_ros.waiting import wait_until
 from csr_ros.ros_domain import free_ros_domain
 
 FAULTS = ("server killed", "server stalled", "invalid answers", "context overflow",
@@ -86,13 +87,8 @@ class Faults(Observer):
             return [(t, a) for t, a in self.actions if t >= since_s and a.safe]
 
     def wait(self, what: str, condition, timeout_s: float):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            value = condition()
-            if value:
-                return value
-            time.sleep(0.02)
-        raise CsrError(f"no {what} within {timeout_s:.0f} s")
+        return wait_until(condition, timeout_s, interval_s=0.02,
+                          timeout_error=CsrError(f"no {what} within {timeout_s:.0f} s"))
 
     def set_parameter(self, name: str, value) -> None:
         from rcl_interfaces.srv import SetParameters
@@ -249,10 +245,7 @@ def _overflow(observer: Faults, outcome: Outcome, wait_s: float) -> None:
     for seq in range(200):
         sent.append(time.monotonic())
         observer.publish_chunk(seq, f"{seq}s log: {text.format(seq)}", stream)
-        end = time.monotonic() + 1.0
-        while time.monotonic() < end and not observer.safe_actions(start_s):
-            time.sleep(0.02)
-        if observer.safe_actions(start_s):
+        if wait_until(lambda: observer.safe_actions(start_s), 1.0, interval_s=0.02):
             break
     t, safe = observer.wait("safe action", lambda: observer.safe_actions(start_s), wait_s)[0]
     fault_s = max(s for s in sent if s <= t)

@@ -40,6 +40,7 @@ from csr_ros.harness.ros_graph import NodeProcess, Observer, stop_all
 from csr_ros.msg import PolicyDecision, StateChunk, SwapEvent
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS, DIAGNOSTICS_QOS, SWAPS_QOS, time_ns
 from csr_ros.ros_domain import free_ros_domain
+from csr_ros.waiting import wait_until
 
 ROOT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "csr_ros.yaml"
 CYCLE_REASONS = ("swap", "sync", "fallback")
@@ -141,24 +142,23 @@ def run_ros_demo(settings: EpisodeSettings, engines: DemoEngines,
         start("aggregator")
         start("all_in_one")
         # the publisher starts its clock once the aggregator listens to all its topics
-        deadline = time.monotonic() + 900
-        while not seen.swaps:                       # the reconciler's 'start' event
+        def started() -> bool:                      # the reconciler's 'start' event
             _check_alive(procs)
-            if time.monotonic() > deadline:
-                raise CsrError(f"all_in_one did not start within 900 s; see {workdir}")
-            time.sleep(0.2)
+            return bool(seen.swaps)
+
+        wait_until(started, 900.0, interval_s=0.2, timeout_error=CsrError(
+            f"all_in_one did not start within 900 s; see {workdir}"))
         start("episode_publisher")
         started_wall_s = time.time()
         stopped_early = _wait_until_done(settings, seen, procs, started_wall_s)
         # the robot stops; the policy then decides over everything that arrived
         procs["episode_publisher"].stop(signal.SIGTERM)
-        drain_until = time.monotonic() + 30.0
-        while time.monotonic() < drain_until:
+        def decided_over_the_newest() -> bool:
             with seen.lock:
                 newest = max((int(c.seq) for c in seen.chunks), default=-1)
-                if any(int(d.last_seq) == newest for d in seen.decisions[-3:]):
-                    break
-            time.sleep(0.2)
+                return any(int(d.last_seq) == newest for d in seen.decisions[-3:])
+
+        wait_until(decided_over_the_newest, 30.0, interval_s=0.2)
     finally:
         order = ("episode_publisher", "aggregator", "all_in_one")
         exits = stop_all([procs[n] for n in order if n in procs], signal.SIGTERM, 20.0)
