@@ -59,6 +59,33 @@ def test_the_side_by_side_summary_puts_local_first_and_relates_every_headline_fi
     assert "local/openai" in table and "decode_tokens_per_s" in table and "1.33" in table
 
 
+def test_each_engine_is_held_to_the_decode_and_ttft_targets_against_the_server():
+    rows = [prefill_row("openai", 1024, 4.0, [50.0]), prefill_row("local", 1024, 2.0, [40.0]),
+            prefill_row("local-llamacpp", 1024, 3.0, [55.0]),
+            ttft_row("openai", 1024, 32, "csr", [0.2]), ttft_row("local", 1024, 32, "csr", [0.1]),
+            ttft_row("local-llamacpp", 1024, 32, "csr", [0.19])]
+    summary = summarize(rows)
+    targets = {(t["figure"], t["engine"]): t for t in summary["targets"]}
+    assert set(targets) == {(f, e) for f in ("decode_tokens_per_s", "csr_ttft_s")
+                            for e in ("local", "local-llamacpp")}
+    assert all(t["server"] == "openai" for t in targets.values())
+    slow_decode = targets[("decode_tokens_per_s", "local")]
+    assert not slow_decode["met"] and slow_decode["short_by"] == pytest.approx(0.2)
+    assert targets[("csr_ttft_s", "local")]["met"]
+    assert targets[("decode_tokens_per_s", "local-llamacpp")]["met"]
+    slow_ttft = targets[("csr_ttft_s", "local-llamacpp")]
+    assert not slow_ttft["met"] and slow_ttft["ratio"] == pytest.approx(0.95)
+    assert slow_ttft["short_by"] == pytest.approx(0.15)
+    table = format_table(rows, summary)
+    assert "MISSED by 0.20" in table and "MISSED by 0.15" in table
+    assert "local: 1 of 2 targets missed" in table
+
+
+def test_a_run_without_a_server_has_no_targets():
+    rows = [ttft_row("local", 1024, 32, "csr", [0.1]), prefill_row("local", 1024, 2.0, [40.0])]
+    assert summarize(rows)["targets"] == []
+
+
 def test_a_short_bench_run_writes_the_documented_json_and_a_png_plot(tmp_path, capsys):
     pytest.importorskip("torch")
     from csr_ros.cli import main

@@ -15,6 +15,10 @@ Row schema (one dict per row, JSON-ready):
 Summary "side_by_side" (two or more resources; the first is "local" where present): one entry per
 figure and cell with each resource's value and first/other ratios:
     decode_tokens_per_s (n), csr_ttft_s (n, m), prefill_tokens_per_s (n), unordered_over_csr (n, m)
+
+Summary "targets" (an in-process engine, named local*, beside a server): per engine, server and
+cell, whether the engine decodes at least at the server's rate and answers a CSR query in at
+most 0.8x the server's TTFT, and by how much it misses (docs/benchmarks.md, "auto").
 """
 
 from __future__ import annotations
@@ -97,8 +101,37 @@ def summarize(rows: Iterable[dict]) -> dict:
                            "n_to": capsules[-1]["n"],
                            "restore_growth": capsules[-1]["restore_median_s"]
                            / capsules[0]["restore_median_s"]})
+    pairs = side_by_side(rows, speedups)
     return {"speedups": speedups, "between_resources": between, "capsule_restore_growth": growth,
-            "side_by_side": side_by_side(rows, speedups)}
+            "side_by_side": pairs, "targets": against_servers(pairs)}
+
+
+# (figure, whether higher is better, the engine's target as a fraction of the server's figure)
+TARGETS = (("decode_tokens_per_s", True, 1.0), ("csr_ttft_s", False, 0.8))
+
+
+def against_servers(pairs: Sequence[dict]) -> list[dict]:
+    """Each in-process engine's figure over each server's, against TARGETS. `short_by` is how
+    far the ratio is from its target where it misses (0 where it is met)."""
+    out = []
+    for p in pairs:
+        for figure, higher_is_better, target in TARGETS:
+            if p["figure"] != figure:
+                continue
+            engines = [name for name in p["values"] if name.startswith("local")]
+            servers = [name for name in p["values"] if not name.startswith("local")]
+            for engine in engines:
+                for server in servers:
+                    theirs = p["values"][server]
+                    if not theirs:
+                        continue
+                    ratio = p["values"][engine] / theirs
+                    met = ratio >= target if higher_is_better else ratio <= target
+                    out.append({"figure": figure, "n": p["n"], "m": p["m"], "engine": engine,
+                                "server": server, "ratio": ratio,
+                                "target": f"{'>=' if higher_is_better else '<='} {target:g}",
+                                "met": met, "short_by": 0.0 if met else abs(ratio - target)})
+    return out
 
 
 def side_by_side(rows: Sequence[dict], speedups: Sequence[dict]) -> list[dict]:
@@ -183,6 +216,20 @@ def format_table(rows: Sequence[dict], summary: dict) -> str:
                              for key in ratio_keys)
             lines.append(f"{p['figure']:<22}{p['n']:>6}{'-' if p['m'] is None else p['m']:>5}"
                          f"{cells}{ratios}")
+    targets = summary.get("targets") or ()
+    if targets:
+        lines.append("")
+        lines.append("targets (engine/server): decode >= 1x, CSR TTFT <= 0.8x")
+        for t in targets:
+            cell = f"N={t['n']}" + ("" if t["m"] is None else f", M={t['m']}")
+            verdict = "met" if t["met"] else f"MISSED by {t['short_by']:.2f}"
+            lines.append(f"  {t['figure']:<20} {cell:<14} {t['engine']}/{t['server']} "
+                         f"{t['ratio']:.2f} ({t['target']}): {verdict}")
+        for engine in sorted({t["engine"] for t in targets}):
+            missed = [t for t in targets if t["engine"] == engine and not t["met"]]
+            lines.append(f"  {engine}: " + ("every target met" if not missed else
+                         f"{len(missed)} of {sum(t['engine'] == engine for t in targets)} "
+                         "targets missed"))
     for g in summary.get("capsule_restore_growth", ()):
         lines.append(f"capsule restore {g['resource']}: N={g['n_to']} takes "
                      f"{g['restore_growth']:.2f}x the time at N={g['n_from']}")
