@@ -9,6 +9,7 @@ import pytest
 from csr_ros.chunklog import ChunkRecord, VersionRecord, rebuild_state
 from csr_ros.chunks import ChunkPolicy
 from csr_ros.errors import ConfigError
+from csr_ros.node_logic.health import state_view
 from csr_ros.node_logic.stream import (ChunkEvent, FetchRequest, Lost, SeqOrderer, StateFold,
                                        SwapEvent)
 from csr_ros.state import CsrState
@@ -52,6 +53,18 @@ def test_a_gap_asks_for_the_missing_range_once_and_holds_later_chunks(fold):
     assert fold.on_fetched([event(2), event(1)], first_available_seq=0) is None
     assert [c.seq for c in fold.state.chunks] == [0, 1, 2, 3, 4]
     assert fold.n_held == 0 and fold.lost == 0
+
+
+def test_the_policy_diagnostics_count_what_the_orderer_did(fold):
+    fold.on_chunk(event(0))
+    fold.on_chunk(event(0))
+    fold.on_chunk(event(3))                          # 1 and 2 missing: fetched
+    assert fold.on_fetch_failed() == FetchRequest(1, 3)
+    fold.on_fetched([event(1), event(2)], first_available_seq=0)
+    view = state_view(fold)
+    assert (view["chunks_delivered"], view["duplicate_chunks"], view["out_of_order_chunks"]) \
+        == (4, 1, 1)
+    assert (view["fetches"], view["fetch_failures"], view["lost_chunks"]) == (2, 1, 0)
 
 
 def test_a_late_joiner_fetches_everything_before_its_first_live_chunk(fold):

@@ -251,12 +251,16 @@ class Announcer:
 
 def state_view(fold: StateFold) -> dict:
     """The figures `diagnose` reports about a state, from the policy's own fold."""
+    order = fold.order.counters
     view = {"version": int(fold.version), "primary": fold.primary or "-",
             "chunks": len(fold.state.chunks), "next_seq": fold.next_seq,
             "static_tokens": fold.state.n_static, "lost_chunks": fold.lost,
             "held_chunks": fold.n_held, "rejected_chunks": fold.counters.rejected,
             "stream": fold.stream or "-", "stream_restarts": fold.counters.stream_restarts,
-            "reconciler_starts": fold.counters.starts}
+            "reconciler_starts": fold.counters.starts,
+            "chunks_delivered": order.delivered, "duplicate_chunks": order.duplicates,
+            "out_of_order_chunks": order.buffered, "fetches": order.fetches,
+            "fetch_failures": order.fetch_failures}
     if fold.last_restart is not None:
         view["stream_message"] = fold.last_restart.describe()
     return view
