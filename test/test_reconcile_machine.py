@@ -640,3 +640,30 @@ def test_a_warm_up_timeout_follows_the_measured_prefill_rate_and_doubles_after_e
     (retry,) = [c for c in machine.handle(TimerFired(timer.timer_id)) if isinstance(c, Load)]
     assert retry.timeout_s == pytest.approx(2 * warm.timeout_s), \
         "a server that dropped the first try's work gets twice as long"
+
+
+def test_a_failover_during_a_warm_up_loads_the_version_being_warmed_and_every_chunk_since():
+    machine, commands = _warming_r2()
+    (warm,) = [c for c in commands if isinstance(c, Load) and c.resource == "r2"]
+    kept = machine.pending.chunks[0].seq
+    old_seqs = [c.seq for c in machine.active.chunks]
+    (chunk,) = machine.active.make_chunks("speech Bob: found them", source="s", stamp_ns=0)
+    machine.handle(ChunkArrived(chunk))
+    route = _route(machine.handle(QueryStarted(task="next?", max_new_tokens=4)))
+    assert route.resource == "r1"
+    commands = machine.handle(QueryFinished(route.request.query_id, ok=False))
+    (load,) = [c for c in commands if isinstance(c, Load)]
+    (changed,) = [c for c in commands if isinstance(c, VersionChanged)]
+    assert (load.resource, load.purpose, machine.primary) == ("r2", "failover", "r2")
+    assert list(load.ids[:len(warm.ids)]) == list(warm.ids), \
+        "it begins with what r2 was warming"
+    assert [c.seq for c in machine.active.chunks] == [s for s in old_seqs if s >= kept] + \
+        [chunk.seq], "the evicted chunks go, the chunk that came meanwhile stays"
+    assert changed.first_seq == kept and machine.evicted_seqs == [s for s in old_seqs
+                                                                  if s < kept]
+    assert machine.counters.failovers == 1 and not machine.reconciling
+    # the abandoned warm-up's end changes nothing; a query after the load is on r2's version
+    machine.handle(OpFinished(warm.op_id, True, n_tokens=len(warm.ids), seconds=1.0))
+    machine.handle(OpFinished(load.op_id, True, n_tokens=len(load.ids), seconds=1.0))
+    after = _route(machine.handle(QueryStarted(task="next?", max_new_tokens=4)))
+    assert (after.resource, after.request.version) == ("r2", load.version)

@@ -24,7 +24,8 @@ Algorithm 1 of the CSR paper, with concurrent queries routed by version:
 - If a chunk would push the active context past `max_context_tokens - reserve_tokens`, the
   reconciliation is abandoned and the primary evicts synchronously (a counted fallback).
 - A failed warm-up or catch-up is retried with exponential backoff; a failed primary is replaced
-  by the secondary, loaded with the current state (failover).
+  by the secondary, loaded with the current state (failover); during a reconciliation, with
+  the version it was evicting to and every chunk since.
 - With `eager_extend`, chunks are prefilled on the primary as they arrive whenever it has no
   query in flight, so a query mostly prefills only its dynamic part (TTFT ~ M, not the chunks
   that arrived since the previous query).
@@ -879,20 +880,33 @@ class Reconciliation:
         if self._primary_op is not None or self._primary_retry_timer is not None:
             return [Notice("warning", f"{why}; {self.primary} is being recovered")]
         if self.secondary is not None and self._primary_failures == 1:
+            n_drop = self._reconciled_drop()
             self._abandon()
             self.counters.failovers += 1
             self.primary, self.secondary = self.secondary, self.primary
             self.slots[self.secondary].holds = None
             self.slots[self.primary].suspect = False
             self.previous = None
-            return [Notice("warning", f"{why}; failing over to {self.primary}")] + \
-                self._activate(self._derive(0), "failover", reload=True)
+            evicting = f", evicting the {n_drop} chunks its reconciliation was evicting" \
+                if n_drop else ""
+            return [Notice("warning", f"{why}; failing over to {self.primary}{evicting}")] + \
+                self._activate(self._derive(n_drop), "failover", reload=True)
         self.counters.retries += 1
         delay_s = min(self.config.retry_max_s,
                       self.config.retry_base_s * 2 ** (self._primary_failures - 1))
         self._primary_retry_timer = next(self._timer_ids)
         return [Notice("warning", f"{why}; reloading {self.primary} in {delay_s:.1f} s"),
                 StartTimer(self._primary_retry_timer, delay_s)]
+
+    def _reconciled_drop(self) -> int:
+        """The chunks a running reconciliation evicts (0 where none runs). A failover loads the
+        new primary in full anyway: it loads that version and every chunk since, which is
+        fewer tokens than the current state and begins with the prefix the new primary was
+        warming (a server's prompt cache may still hold it)."""
+        if self.pending is None:
+            return 0
+        first_kept = self.pending.chunks[0].seq if self.pending.chunks else self.pending.next_seq
+        return sum(1 for chunk in self.active.chunks if chunk.seq < first_kept)
 
     def _abandon(self) -> None:
         if self.pending is not None and self.secondary is not None:
