@@ -138,6 +138,11 @@ class CsrState:
         return [c.n_tokens for c in self.chunks]
 
     @property
+    def first_seq(self) -> Seq:
+        """The seq of the oldest chunk held; `next_seq` where none is."""
+        return self.chunks[0].seq if self.chunks else self.next_seq
+
+    @property
     def static_text(self) -> str:
         return "".join(self._static_text)
 

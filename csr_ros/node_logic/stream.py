@@ -340,7 +340,7 @@ class StateFold:
         return True
 
     def _adopt_start(self, event: SwapEvent) -> bool:
-        first_held = self.state.chunks[0].seq if self.state.chunks else self.state.next_seq
+        first_held = self.state.first_seq
         self.counters.starts += 1
         if event.evicted_before_seq < first_held:
             # the fold dropped chunks the restarted reconciler keeps: fetch them again

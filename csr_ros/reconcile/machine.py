@@ -905,8 +905,7 @@ class Reconciliation:
         warming (a server's prompt cache may still hold it)."""
         if self.pending is None:
             return 0
-        first_kept = self.pending.chunks[0].seq if self.pending.chunks else self.pending.next_seq
-        return sum(1 for chunk in self.active.chunks if chunk.seq < first_kept)
+        return sum(1 for chunk in self.active.chunks if chunk.seq < self.pending.first_seq)
 
     def _abandon(self) -> None:
         if self.pending is not None and self.secondary is not None:
@@ -925,7 +924,7 @@ class Reconciliation:
 
     def _activate(self, new: CsrState, reason: str, *, reload: bool,
                   committed_ids: tuple[int, ...] = ()) -> list[Command]:
-        first_seq = new.chunks[0].seq if new.chunks else new.next_seq
+        first_seq = new.first_seq
         self.evicted.extend(c.seq for c in self.active.chunks if c.seq < first_seq)
         assert new.version > self.active.version, "versions only increase"
         self.active = new
