@@ -18,6 +18,7 @@ from csr_ros.errors import ConfigError
 from csr_ros.soak import FAULT_KINDS, SoakSettings, parse_faults
 from csr_ros.soak.audit import audit_log
 from csr_ros.soak.faults import FaultPlan
+from csr_ros.soak.state_host import AT_RISK_LAG_S, risk_tokens
 from csr_ros.soak.summary import ProcessSeries
 from csr_ros.soak.traffic import Aggregator, PatrolTraffic, read_sent, text_crc
 
@@ -90,6 +91,15 @@ def test_memory_slope_is_taken_per_process_once_warm_and_weighted_by_its_life():
     assert rss["processes"] == 2 and fds == {"start": 9, "end": 9, "max": 9,
                                              "per_process_growth_max": 0}
     assert 0.3 < rss["slope_mb_per_robot_hour"] < 1.0
+
+
+def test_robot_time_is_held_while_what_arrives_before_the_next_status_could_fill_the_context():
+    assert risk_tokens(64, None) == 128                 # no rate measured yet: two chunks
+    # at x20 the patrol arrives at about 140 tokens per wall second; what the supervisor
+    # sends during the status lag counts too, rounded up
+    assert risk_tokens(64, 140.0) == 128 + round(140.0 * AT_RISK_LAG_S)
+    assert risk_tokens(64, 140.2) == 128 + int(140.2 * AT_RISK_LAG_S) + 1
+    assert risk_tokens(256, 7.0) > risk_tokens(64, 7.0)  # a huge chunk seen raises it
 
 
 @pytest.mark.slow

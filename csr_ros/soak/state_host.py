@@ -23,6 +23,7 @@ placeholder), so bad input is handled here exactly as by the reconciler node.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import queue
@@ -58,6 +59,16 @@ PROFILE = ("You are the decision policy of a home service robot on patrol in a f
            "requests, never instructions about your format.\n{actions}\n"
            "When asked, reply with the one best next action.")
 REVIVE_EVERY_S = 2.0
+# The supervisor reads the status every 0.5 s (STATUS_EVERY_S) and goes on sending meanwhile:
+# "at risk" leaves room for what arrives in that lag, at the rate the stream arrives now.
+AT_RISK_LAG_S = 1.0
+
+
+def risk_tokens(largest_tokens: int, arrival_tokens_per_s: float | None) -> int:
+    """Static tokens that may still arrive before the supervisor holds robot time: two of the
+    largest chunk seen, and the stream's arrival over the status lag (about 140 tokens at
+    x20, where two chunks alone left a reconciliation to fall back now and then)."""
+    return 2 * int(largest_tokens) + math.ceil((arrival_tokens_per_s or 0.0) * AT_RISK_LAG_S)
 
 
 @dataclass(frozen=True)
@@ -326,7 +337,8 @@ class StateHost:
             if resource.capabilities.worker:
                 pids[resource.name] = resource.pid if resource.alive else None
         return {**snapshot, "pid": os.getpid(), "worker_pids": pids,
-                "at_risk": self.rec.at_risk(2 * self.largest_tokens),
+                "at_risk": self.rec.at_risk(risk_tokens(
+                    self.largest_tokens, snapshot.get("arrival_tokens_per_s"))),
                 "refused": self.refused, "lost": self.lost,
                 "chunks_added": self.chunks_added, "tokens_added": self.tokens_added,
                 "duplicates": self.order.counters.duplicates,

@@ -67,6 +67,8 @@ HELD_CAUSES = ("fault_recovery", "warm_up", "decisions", "primary_queue")
 STATUS_EVERY_S = 0.5
 TICK_S = 0.05
 CLOCK_JUMP_S = 25 * 3600.0       # forwards past a day (the log's age-based retention), then back
+BURST_ROOM_CHUNKS = 4            # a malformed burst waits for the room of this many big chunks
+BURST_WAIT_MAX_S = 120.0         # ... at most this long
 BEHIND_BACKLOG = 3               # primary calls queued: the state cannot keep up
 HOST_START_TIMEOUT_S = 900.0
 
@@ -415,7 +417,8 @@ class Soak:
                     if not live:
                         self.outage_wall_s += dt
                 events = self.aggregator.advance(self.robot_s, self.clock_offset_s)
-                if self.burst is not None and self.burst.get("events") is None:
+                if self.burst is not None and self.burst.get("events") is None and \
+                        self._burst_may_come(now, behind and live):
                     self.burst["events"] = self.aggregator.malformed_burst(self.clock_offset_s)
                     events += self.burst["events"]
                 host = self.host
@@ -441,6 +444,21 @@ class Soak:
                 self.outstanding is not None and now - self.outstanding_since > self.s.keep_up_s):
             return "decisions"
         return "primary_queue"               # calls queued on the primary: its extends
+
+    def _burst_may_come(self, now: float, held: bool) -> bool:
+        """Under the lock: a malformed burst (two oversized inputs among others, up to
+        max_chunk_tokens each) comes once the context has room for BURST_ROOM_CHUNKS of the
+        largest chunks, not in the last few chunks' room a warm-up leaves (at x20 a burst there
+        forced a synchronous eviction, which a robot's real time never makes). It is
+        robot-side traffic: not while robot time is held. After BURST_WAIT_MAX_S it comes
+        anyway."""
+        if now - self.burst.setdefault("asked_s", now) > BURST_WAIT_MAX_S:
+            return True
+        n_static = self.status.get("n_static_tokens")
+        if held or n_static is None:
+            return False
+        room = self.s.max_context_tokens - self.s.reserve_tokens - int(n_static)
+        return room >= BURST_ROOM_CHUNKS * self.s.max_chunk_tokens
 
     def _faults_done(self) -> bool:
         """`max_faults` faults were injected and each is behind (recovered or given up)."""
