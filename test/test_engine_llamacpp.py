@@ -22,7 +22,7 @@ from support.robot_prompts import assert_bounds_hold, decide_pushed  # noqa: E40
 from csr_ros.actions import Vocabulary  # noqa: E402
 from csr_ros.demo_episode import Episode  # noqa: E402
 from csr_ros.errors import (CapsuleError, CapsuleMismatchError, ConfigError,  # noqa: E402
-                            ContextOverflowError, StaleCapsuleError)
+                            ContextOverflowError, ResourceError, StaleCapsuleError)
 from csr_ros.layout import Layout  # noqa: E402
 from csr_ros.state import CsrState  # noqa: E402
 
@@ -293,6 +293,32 @@ def test_a_capsule_restores_and_forks_to_the_exact_live_state(engine, prompt):
     engine.reset()
     engine.restore(restored)
     assert engine.query(dynamic, 12, eos_ids=()).token_ids == live.token_ids
+
+
+def test_a_closed_engine_and_its_resource_refuse_work_with_an_error_and_the_process_lives(
+        engine, prompt):
+    """A node's worker can hold a query for a resource its node has just closed: it once
+    reached llama_decode with a NULL context and ended the process (SIGSEGV)."""
+    from csr_ros.resources.local import LocalResource
+
+    static, dynamic = prompt
+    child = engine.fork()
+    child.load(static)
+    child.close()
+    for call in (lambda: child.query(dynamic, 4), lambda: child.extend(dynamic),
+                 lambda: child.load(static), child.snapshot, child.reset):
+        with pytest.raises(ResourceError, match="closed"):
+            call()
+    request = _state(engine.tokenizer).build_request(task=TASKS[0])
+    resource = LocalResource.from_engine(engine.fork(), name="r9")
+    resource.load(request.static_ids)
+    resource.close()
+    with pytest.raises(ResourceError, match="r9 was closed"):
+        resource.query(request, max_new_tokens=4)
+    with pytest.raises(ResourceError, match="r9 was closed"):
+        resource.extend(dynamic)
+    engine.load(static)                  # the engine they were forked from is untouched
+    assert len(engine.query(dynamic, 4).token_ids) >= 1
 
 
 def test_an_attached_capsule_whose_slot_was_reused_is_refused_as_stale(engine, prompt):

@@ -282,11 +282,11 @@ class LlamaCppEngine(Decoder):
                                   else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         params.n_threads = self.decode_threads or self.threads
         params.n_threads_batch = self.threads
-        self._ctx = lib.llama_init_from_model(gguf_model.ptr, params)
-        if not self._ctx:
+        self._ctx_ptr = lib.llama_init_from_model(gguf_model.ptr, params)
+        if not self._ctx_ptr:
             raise ResourceError(f"llama.cpp could not create a context of {params.n_ctx} cells")
         self.precision = f"llama.cpp {_file_type(lib, gguf_model.ptr)}"
-        self._mem = lib.llama_get_memory(self._ctx)
+        self._mem_ptr = lib.llama_get_memory(self._ctx_ptr)
         self._batch = lib.llama_batch_init(self.prefill_chunk_tokens, 0, self._n_seq)
         n = self.prefill_chunk_tokens
         self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(n,))
@@ -306,6 +306,23 @@ class LlamaCppEngine(Decoder):
         self._released: list[tuple[int, int]] = []         # (slot, generation) of dead capsules
         if loading:
             self._check_vocabulary()
+
+    # -- the context ---------------------------------------------------------------------------
+
+    @property
+    def _ctx(self):
+        """The llama.cpp context. A closed engine is an error here, never a NULL or freed
+        pointer passed to llama.cpp: a node's queued query ran on an engine closed just
+        before it, and llama_decode(NULL) ended the whole process with a segmentation fault."""
+        ctx = getattr(self, "_ctx_ptr", None)
+        if not ctx:
+            raise ResourceError("this llama.cpp engine was closed")
+        return ctx
+
+    @property
+    def _mem(self):
+        """The context's memory (the KV cells); a closed engine is an error, as for `_ctx`."""
+        return self._mem_ptr if self._ctx else None
 
     # -- committed state ----------------------------------------------------------------------
 
@@ -576,7 +593,7 @@ class LlamaCppEngine(Decoder):
 
     def close(self) -> None:
         """Free the context (and the model, unless a fork still uses it)."""
-        ctx, self._ctx = getattr(self, "_ctx", None), None
+        ctx, self._ctx_ptr = getattr(self, "_ctx_ptr", None), None
         if ctx:
             self.lib.llama_batch_free(self._batch)
             self.lib.llama_free(ctx)

@@ -12,12 +12,13 @@ kwargs. The engine stays reachable as `.engine` for capsules (snapshot / restore
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from csr_ros.actions import ChoiceScores, OutputConstraint
 from csr_ros.engine.decoder import Engine, check_positive, make_engine
-from csr_ros.errors import ConfigError, StateMismatchError
+from csr_ros.errors import ConfigError, ResourceError, StateMismatchError
 from csr_ros.resources.base import Capabilities, PrefillResult, QueryResult
 from csr_ros.state import Request
 
@@ -80,8 +81,19 @@ class LocalResource:
         self.backend = engine.backend
         self.max_context_tokens = engine.max_context_tokens
         self._lock = threading.Lock()       # one call at a time: the engine is not thread-safe
+        self._closed = False
         self._compiler = None               # llguidance's vocabulary, built on first use
         self._option_cache: dict[str, list[int]] = {}
+
+    @contextlib.contextmanager
+    def _engine_held(self) -> Iterator[None]:
+        """The engine, one call at a time; a closed resource refuses the call. A node's worker
+        can still hold a query for a resource its node has just closed: it gets an error, and
+        the engine's freed memory is never touched."""
+        with self._lock:
+            if self._closed:
+                raise ResourceError(f"{self.name} was closed")
+            yield
 
     @property
     def n_committed(self) -> int:
@@ -93,7 +105,7 @@ class LocalResource:
 
     def load(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
              timeout_s: float | None = None) -> PrefillResult:
-        with self._lock:
+        with self._engine_held():
             if not ids:
                 self.engine.reset()
                 return PrefillResult(0, 0.0, 0)
@@ -102,7 +114,7 @@ class LocalResource:
 
     def extend(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
                timeout_s: float | None = None) -> PrefillResult:
-        with self._lock:
+        with self._engine_held():
             if not ids:
                 return PrefillResult(0, 0.0, self.engine.n_committed)
             result = self.engine.extend(ids)
@@ -120,7 +132,7 @@ class LocalResource:
         (Decoder.query). An in-process computation cannot be abandoned: `timeout_s` is not
         enforced."""
         static = request.static_ids
-        with self._lock:
+        with self._engine_held():
             n = self._n_committed_below(request)
             if constraint is not None and constraint.kind == "choice":
                 result = self._choose(request, constraint, n)
@@ -146,7 +158,7 @@ class LocalResource:
 
     def score_choices(self, request: Request, options: Sequence[str]) -> ChoiceScores:
         """Every option's log-probability from the cached state."""
-        with self._lock:
+        with self._engine_held():
             ids, scores = self._score(request, options, self._n_committed_below(request))
         return ChoiceScores(options=tuple(options), logprobs=scores.logprobs,
                             n_tokens=tuple(len(i) for i in ids))
@@ -217,11 +229,12 @@ class LocalResource:
         """Compute threads from the next call on: torch's (per process), or the llama.cpp
         engine's own."""
         check_positive(threads=threads)
-        with self._lock:
+        with self._engine_held():
             self.engine.set_threads(int(threads))
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self.engine.close()
 
 
