@@ -31,11 +31,14 @@ TASKS = ["Which action next?", "Alice asks you to say hello. Which action next?"
 
 @pytest.fixture(scope="module", params=["float32", "auto"])
 def resource(request):
-    """The exact reference, and the precision this CPU runs fastest (bf16 with int4 decode
-    weights where it computes bf16 natively, else float32 again)."""
+    """The torch engine in its exact reference precision, and in the precision it runs fastest
+    on this CPU (bf16 with int4 decode weights where it computes bf16 natively, else float32
+    again). backend="torch" is named: dtype="auto" alone may measure llama.cpp faster here, whose
+    grammar and choice scoring test/test_engine_llamacpp.py covers."""
     from csr_ros.resources.local import LocalResource
 
-    res = LocalResource("smollm2", threads=1, max_context_tokens=2048, dtype=request.param)
+    res = LocalResource("smollm2", threads=1, max_context_tokens=2048, dtype=request.param,
+                        backend="torch")
     yield res
     res.close()
 
