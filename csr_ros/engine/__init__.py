@@ -12,10 +12,15 @@
     engine = make_engine("smollm2", backend="llamacpp") # either, by name
 
 Both are `Engine`s (decoder.py: the interface and the one decode loop they share). Names are
-imported on first use, so importing this package imports neither torch nor llama.cpp.
+imported on first use, so importing this package imports neither torch nor llama.cpp. Importing
+it bounds torch's per-shape kernel caches before any engine runs (heap.py says why).
 """
 
 import importlib
+
+from csr_ros.engine.heap import bound_shape_caches
+
+bound_shape_caches()
 
 _HOMES = {"Engine": "decoder", "ExtendResult": "decoder", "Generation": "decoder",
           "OptionScores": "decoder", "make_engine": "decoder",

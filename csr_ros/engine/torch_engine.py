@@ -36,7 +36,8 @@ from csr_ros.engine import attention as attention_sdpa_gqa
 from csr_ros.engine import lean, precision
 from csr_ros.engine.cache import BufferCache
 from csr_ros.engine.capsule import CapsuleBase
-from csr_ros.engine.decoder import Decoder, OptionTrie, check_positive, eos_ids_of
+from csr_ros.engine.decoder import Decoder, ExtendResult, OptionTrie, check_positive, eos_ids_of
+from csr_ros.engine.heap import HeapTrimmer
 from csr_ros.errors import CapsuleError, CapsuleMismatchError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -262,6 +263,8 @@ class TorchEngine(Decoder):
         self._buffers = lean.LeanLlama.buffers(self.cache) if self._lean is not None else None
         self._ids: list[int] = []
         self._last_logits: torch.Tensor | None = None    # [V] float32, logits after the last token
+        # Committed work gives freed kernel-cache pages back now and then (heap.py).
+        self._heap = HeapTrimmer() if self.device.type == "cpu" else None
 
     @property
     def last_logits(self) -> torch.Tensor | None:
@@ -474,6 +477,12 @@ class TorchEngine(Decoder):
             raise CapsuleMismatchError(msg)
         if capsule.is_materialized and len(capsule.kv) != len(self.cache.attention_layers()):
             raise CapsuleError("capsule K/V does not cover every attention layer")
+
+    def extend(self, token_ids) -> ExtendResult:
+        result = super().extend(token_ids)
+        if self._heap is not None:
+            self._heap.maybe_trim()
+        return result
 
     # -- teardown -------------------------------------------------------------------------------
 
