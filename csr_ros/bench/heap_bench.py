@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 
 from csr_ros.cpu import bf16_flags, cpu_model
+from csr_ros.engine.heap import SHAPE_CACHE_ENV
+from csr_ros.soak.probes import usage
 
 SETTINGS = ("unbounded", "bounded")
 USUAL_TOKENS = (16, 24, 32)
@@ -44,8 +46,7 @@ SAMPLE_EVERY = 10
 
 
 def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return usage(os.getpid()).rss_mb
 
 
 def run_stream(setting: str, *, extends: int, dtype: str, threads: int, seed: int) -> dict:
@@ -57,6 +58,7 @@ def run_stream(setting: str, *, extends: int, dtype: str, threads: int, seed: in
         engine._heap = None
     rng = random.Random(seed)
     vocab = engine.vocab_size
+
     def tokens(n: int) -> list[int]:
         return [rng.randrange(100, vocab) for _ in range(n)]
 
@@ -86,8 +88,7 @@ def run_stream(setting: str, *, extends: int, dtype: str, threads: int, seed: in
     steady_ttft = sorted(ttft_ms[len(ttft_ms) // 3:])
     return {
         "setting": setting,
-        "cache_env": {k: os.environ.get(k) for k in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY",
-                                                     "LRU_CACHE_CAPACITY")},
+        "cache_env": {name: os.environ.get(name) for name in SHAPE_CACHE_ENV},
         "dtype": str(engine.dtype), "extends": extends,
         "warm_rss_mb": round(warm_mb, 1), "end_rss_mb": round(samples[-1][1], 1),
         "growth_mb": round(samples[-1][1] - warm_mb, 1),
@@ -103,7 +104,7 @@ def run_stream(setting: str, *, extends: int, dtype: str, threads: int, seed: in
 
 def _child_env(setting: str) -> dict:
     env = dict(os.environ)
-    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+    for name in SHAPE_CACHE_ENV:
         env.pop(name, None)
         if setting == "unbounded":
             env[name] = "1024"

@@ -27,6 +27,8 @@ import os
 import time
 from collections.abc import Callable, MutableMapping
 
+from csr_ros.errors import ConfigError
+
 SHAPE_CACHE_CAPACITY = 64
 SHAPE_CACHE_ENV = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 TRIM_INTERVAL_S = 10.0
@@ -39,7 +41,7 @@ def bound_shape_caches(environ: MutableMapping[str, str] | None = None,
     Returns the capacities in effect, the user's own included.
     """
     if capacity < 1:    # torch's LRU cache crashes the process at 0
-        raise ValueError(f"capacity must be >= 1, got {capacity}")
+        raise ConfigError(f"capacity must be >= 1, got {capacity}")
     env = os.environ if environ is None else environ
     for name in SHAPE_CACHE_ENV:
         env.setdefault(name, str(capacity))
@@ -49,11 +51,11 @@ def bound_shape_caches(environ: MutableMapping[str, str] | None = None,
 def _malloc_trim() -> Callable[[], bool] | None:
     """glibc's malloc_trim(0), or None where the C library has none (musl, macOS)."""
     name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
+    if name is None:
         return None
-    if trim is None:
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return lambda: bool(trim(0))
@@ -66,7 +68,7 @@ class HeapTrimmer:
                  clock: Callable[[], float] = time.monotonic,
                  trim: Callable[[], bool] | None = None):
         if interval_s <= 0:
-            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+            raise ConfigError(f"interval_s must be > 0, got {interval_s}")
         self.interval_s = float(interval_s)
         self._clock = clock
         self._trim = trim if trim is not None else _malloc_trim()

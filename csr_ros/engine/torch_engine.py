@@ -27,7 +27,7 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import ClassVar, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -478,7 +478,7 @@ class TorchEngine(Decoder):
         if capsule.is_materialized and len(capsule.kv) != len(self.cache.attention_layers()):
             raise CapsuleError("capsule K/V does not cover every attention layer")
 
-    def extend(self, token_ids) -> ExtendResult:
+    def extend(self, token_ids: Sequence[int]) -> ExtendResult:
         result = super().extend(token_ids)
         if self._heap is not None:
             self._heap.maybe_trim()
