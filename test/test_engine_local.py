@@ -176,6 +176,31 @@ def test_the_local_resource_extends_the_static_tail_inside_the_query(robot_promp
         resource.close()
 
 
+def test_a_load_that_extends_the_held_run_prefills_only_the_rest_and_decodes_like_a_cold_one(
+        robot_prompt):
+    from csr_ros.resources.factory import make_resource
+
+    static, dynamic = robot_prompt
+    resource = make_resource("local", model="smollm2", name="r2", max_context_tokens=1024,
+                             dtype="float32", backend="torch")
+    try:
+        assert resource.load(static[:-50]).n_tokens == len(static) - 50
+        reloaded = resource.load(static)
+        assert (reloaded.n_tokens, reloaded.n_committed) == (50, len(static))
+        assert resource.committed_ids == tuple(static)
+        warm = resource.query(_request(static, dynamic), max_new_tokens=6)
+        assert resource.load(static).n_tokens == 0       # already held: nothing to prefill
+        diverged = static[:10] + (static[10] + 1,) + static[11:]
+        assert resource.load(diverged).n_tokens == len(static)   # not a start of it: cold
+        assert resource.committed_ids == tuple(diverged)
+        resource.load(())
+        assert resource.load(static).n_tokens == len(static)
+        cold = resource.query(_request(static, dynamic), max_new_tokens=6)
+        assert warm.token_ids == cold.token_ids
+    finally:
+        resource.close()
+
+
 def test_unknown_layer_types_are_refused_with_a_clear_error():
     from csr_ros.engine.cache import BufferCache
 

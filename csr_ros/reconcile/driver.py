@@ -659,12 +659,12 @@ class Reconciler:
         urgent = self._urgent_reconciling()
         _set_background(resource, reconciling and not urgent, few_threads=reconciling or urgent)
         started_s = self.clock()
-        ok = True
+        ok, n_prefilled = True, len(cmd.ids)
         try:
             if isinstance(cmd, Load):
-                resource.load(cmd.ids, cmd.text, **kwargs)
+                n_prefilled = resource.load(cmd.ids, cmd.text, **kwargs).n_tokens
             else:
-                resource.extend(cmd.ids, cmd.text, **kwargs)
+                n_prefilled = resource.extend(cmd.ids, cmd.text, **kwargs).n_tokens
         except CsrError as exc:
             ok = False
             self.log.warning("%s of v%d on %s failed: %s", type(cmd).__name__.lower(), cmd.version,
@@ -675,7 +675,9 @@ class Reconciler:
                           cmd.resource)
         seconds = self.clock() - started_s
         with self._lock:
-            self._handle(OpFinished(cmd.op_id, ok, n_tokens=len(cmd.ids), seconds=seconds,
+            # what was prefilled, not what was sent: a load that reused what the resource
+            # held must not make the measured prefill rate look faster than it is
+            self._handle(OpFinished(cmd.op_id, ok, n_tokens=n_prefilled, seconds=seconds,
                                     now_s=self.clock()))
 
     def _urgent_reconciling(self) -> bool:

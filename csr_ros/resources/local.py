@@ -105,11 +105,23 @@ class LocalResource:
 
     def load(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
              timeout_s: float | None = None) -> PrefillResult:
+        """Make the committed run `ids`. Where the run the engine holds is a start of `ids`,
+        only the rest is prefilled, as a server's prefix cache would: a failover that reloads
+        the version a warm-up just loaded, plus the chunks since, then costs the chunks since.
+        An extend on a committed run is exact on every model (a catch-up is one); anything
+        else is a cold prefill. `n_tokens` counts what was prefilled."""
+        ids = tuple(ids)
         with self._engine_held():
             if not ids:
                 self.engine.reset()
                 return PrefillResult(0, 0.0, 0)
-            result = self.engine.load(ids)
+            held = self.engine.committed_ids
+            if not held or ids[:len(held)] != held:
+                result = self.engine.load(ids)
+            elif len(held) == len(ids):
+                return PrefillResult(0, 0.0, len(held))
+            else:
+                result = self.engine.extend(ids[len(held):])
         return PrefillResult(result.n_tokens, result.seconds, result.n_committed)
 
     def extend(self, ids: Sequence[int], text: str | None = None, *, version: int | None = None,
