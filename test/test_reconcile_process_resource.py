@@ -194,3 +194,21 @@ def test_a_busy_worker_is_set_to_background_after_its_call_without_the_caller_wa
         assert os.getpriority(os.PRIO_PROCESS, resource.pid) == resource.background_nice
     finally:
         resource.close()
+
+
+def test_a_worker_whose_parent_died_during_a_call_ends_quietly_and_a_result_that_cannot_be_sent_arrives_as_an_error():
+    import multiprocessing
+    import threading
+
+    from csr_ros.resources.process import _reply
+
+    ours, parents = multiprocessing.Pipe()
+    parents.close()                     # the parent died while the call ran
+    assert _reply(ours, "query", "an answer", None) is False
+    ours.close()
+
+    ours, parents = multiprocessing.Pipe()
+    assert _reply(ours, "engine.snapshot", threading.Lock(), None) is True
+    status, error = parents.recv()
+    assert status == "error" and "engine.snapshot cannot be sent" in str(error)
+    ours.close(), parents.close()

@@ -406,16 +406,31 @@ def _child_main(conn, kind: str, options: dict) -> None:
                     target = getattr(target, part)
                 result = target(*args, **kwargs) if callable(target) else target
         except BaseException as exc:
-            conn.send(("error", _portable(exc)))
-            continue
-        try:
-            conn.send(("ok", result))
-        except Exception as exc:  # pickling failed before anything was written
-            conn.send(("error", ResourceError(f"the result of {path} cannot be sent: {exc}")))
+            result, exc_out = None, _portable(exc)
+        else:
+            exc_out = None
+        if not _reply(conn, path, result, exc_out):
+            break                       # the parent is gone: nobody waits for the answer
     try:
         resource.close()
     except Exception:
         pass
+
+
+def _reply(conn, path, result: Any, exc: BaseException | None) -> bool:
+    """Send a call's result (or its error) to the parent; False once the pipe is broken (the
+    parent died while the call ran: its end is no error of this worker's)."""
+    try:
+        try:
+            conn.send(("ok", result) if exc is None else ("error", exc))
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as pickling:   # pickling failed before anything was written
+            conn.send(("error", ResourceError(f"the result of {path} cannot be sent: "
+                                              f"{pickling}")))
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True
 
 
 def exit_with_parent(poll_s: float = 1.0) -> None:
