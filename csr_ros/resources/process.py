@@ -372,6 +372,9 @@ def start_side_by_side(names: Sequence[str], kind: str = "local",
 
 def _child_main(conn, kind: str, options: dict) -> None:
     exit_with_parent()
+    # A worker's output joins its parent's (a soak's live line, a node's log): a weight-loading
+    # bar at every start and restart of a worker is noise there. Read when transformers loads.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     threads = options.get("threads")
     if threads:
         for variable in _THREAD_VARIABLES:
