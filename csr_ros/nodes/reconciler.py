@@ -87,6 +87,7 @@ class ReconcilerNode(ManagedNode):
         self.engines: dict[str, str] = {}       # resource -> how its local engine was chosen
         self.published_version: int | None = None
         self.catching_up = True                # until the aggregator's history is folded
+        self.history_unasked = False           # started without GetChunks: ask once it is seen
         self.started_s = time.monotonic()
         self.lost_while_running = 0
         self.unlogged: list[ChunkEvent] = []   # before the start, while the chunk log is full
@@ -226,8 +227,10 @@ class ReconcilerNode(ManagedNode):
                     self.fetcher.fetch(self.order.probe())
                 elif not self.fetcher.client.service_is_ready() and \
                         time.monotonic() - self.started_s > 5.0:
-                    self.get_logger().info("no GetChunks service; starting from live chunks")
+                    self.get_logger().info("no GetChunks service; starting from live chunks "
+                                           "(and asking it for the history once it is seen)")
                     self.catching_up = False
+                    self.history_unasked = True
                 if self.catching_up:
                     return
             self._stop_starting(epoch)
@@ -424,6 +427,15 @@ class ReconcilerNode(ManagedNode):
 
     def fetch_watchdog_callback(self) -> None:
         with self.lock:
+            if self.history_unasked and self.driver is not None and \
+                    self.order.fetching is None and self.fetcher.client.service_is_ready():
+                # Discovery on a loaded machine can take longer than the start waits: what the
+                # aggregator published before this node subscribed is fetched now, not lost.
+                self.history_unasked = False
+                self.get_logger().info("GetChunks is there now: fetching what the aggregator "
+                                       f"holds from seq {self.order.next_seq}")
+                self.fetcher.fetch(self.order.probe())
+                return
             if self.order.fetching is None or not self.fetcher.give_up_after(5.0):
                 return
             self._fetch_failed()

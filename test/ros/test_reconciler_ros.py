@@ -71,6 +71,36 @@ def test_a_reconciler_joining_after_a_long_history_evicts_at_once_and_reports_ca
     assert values["capacity.viable"] in ("True", "False")
 
 
+@pytest.mark.slow
+def test_a_reconciler_that_started_before_get_chunks_was_seen_fetches_the_history_once_it_is(
+        graph, probe, tmp_path):
+    """Discovery on a loaded machine can outlast the start's wait for GetChunks. The chunks an
+    aggregator published before the reconciler subscribed are not heard live again: once the
+    service is seen, the reconciler fetches them (here an aggregator restarted from its chunk
+    log holds five chunks that no live message will bring)."""
+    chunk_log = [Parameter("chunk_log", Parameter.Type.STRING, str(tmp_path / "chunks.log"))]
+    pub = probe.create_publisher(String, "/defects/speech", 10)
+    first = graph.add(AggregatorNode(parameter_overrides=speech_sources(event=True,
+                                                                         extra=chunk_log)))
+    wait_for(lambda: probe.count_subscribers("/defects/speech") > 0, what="subscription")
+    for i in range(5):
+        pub.publish(String(data=f"the robot passed waypoint {i}"))
+    wait_for(lambda: len(probe.chunks) == 5, what="the first aggregator's chunks")
+    graph.remove(first)
+    reconciler = graph.add(ReconcilerNode(parameter_overrides=local_reconciler(
+        context_tokens=1024, tau_mem_tokens=600)))
+    wait_for(lambda: reconciler.driver is not None, timeout_s=180.0,
+             what="the start from live chunks")
+    with reconciler.lock:
+        assert reconciler.history_unasked and reconciler.order.next_seq == 0
+    graph.add(AggregatorNode(parameter_overrides=speech_sources(event=True, extra=chunk_log)))
+    wait_for(lambda: reconciler.driver.snapshot()["next_seq"] == 5, timeout_s=60.0,
+             what="the five chunks fetched from the restarted aggregator")
+    assert not reconciler.history_unasked
+    outcome = reconciler.query("Where is the robot?", max_new_tokens=2)
+    assert outcome.ok and outcome.request.last_seq == 4
+
+
 # -- warnings through the node's logger -----------------------------------------------------------
 
 def test_library_warnings_are_logged_by_the_node_with_its_name_and_level(graph, console,
