@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence
 import rclpy
 from builtin_interfaces.msg import Time
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
-from rclpy.exceptions import (InvalidParameterTypeException, InvalidParameterValueException,
-                              ParameterUninitializedException)
+from rclpy.exceptions import (InvalidHandle, InvalidParameterTypeException,
+                              InvalidParameterValueException, ParameterUninitializedException)
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.node import Node
@@ -384,7 +384,7 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
         else:
             for node in nodes:
                 executor.add_node(node)
-            executor.spin()
+            spin(executor)
     except (KeyboardInterrupt, ExternalShutdownException, _Stop):
         pass
     except _rclpy.RCLError:
@@ -437,6 +437,22 @@ def run(*make_nodes: Callable[..., Node], args: Sequence[str] | None = None,
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def spin(executor) -> None:
+    """`executor.spin()`, through rclpy's race between destroying an entity and waiting on it.
+
+    A lifecycle cleanup destroys a node's subscriptions and publishers inside a callback. A
+    MultiThreadedExecutor thread that builds its wait set meanwhile raises InvalidHandle for
+    their QoS event handlers ("cannot use Destroyable because destruction was requested";
+    rclpy issues 1206, 1284 and 1355, open in jazzy), and that ends `spin()`: the process
+    would answer nothing more, the cleanup's own reply included. The destroyed entity is not
+    in the next wait set, so the spin goes on."""
+    while executor.context.ok():
+        try:
+            executor.spin_once()
+        except InvalidHandle:
+            continue
 
 
 def drain_callbacks(executor, *, timeout_s: float, cancel_queued: bool = False) -> list[str]:

@@ -38,8 +38,13 @@ class Graph:
         self.thread.start()
 
     def _spin(self) -> None:
+        from rclpy.exceptions import InvalidHandle
+
         while not self.stopping.is_set() and self.context.ok():
-            self.executor.spin_once(timeout_sec=0.1)
+            try:
+                self.executor.spin_once(timeout_sec=0.1)
+            except InvalidHandle:   # an entity destroyed while the wait set was built: as
+                continue            # csr_ros.nodes.common.spin, the node processes' loop
 
     def add(self, node: Node) -> Node:
         self.nodes.append(node)
