@@ -424,15 +424,12 @@ def _reply(conn, path, result: Any, exc: BaseException | None) -> bool:
     """Send a call's result (or its error) to the parent; False once the pipe is broken (the
     parent died while the call ran: its end is no error of this worker's)."""
     try:
-        try:
-            conn.send(("ok", result) if exc is None else ("error", exc))
-        except (BrokenPipeError, ConnectionResetError):
-            raise
-        except Exception as pickling:   # pickling failed before anything was written
-            conn.send(("error", ResourceError(f"the result of {path} cannot be sent: "
-                                              f"{pickling}")))
+        conn.send(("ok", result) if exc is None else ("error", exc))
     except (BrokenPipeError, ConnectionResetError):
         return False
+    except Exception as pickling:   # pickling failed before anything was written
+        return _reply(conn, path, None,
+                      ResourceError(f"the result of {path} cannot be sent: {pickling}"))
     return True
 
 
