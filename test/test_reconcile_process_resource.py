@@ -165,6 +165,33 @@ def test_a_worker_started_again_during_background_work_stays_in_the_background(s
         resource.close()
 
 
+def test_resources_started_in_turn_start_the_first_alone_and_the_others_on_their_first_load(
+        state):
+    import os
+
+    from csr_ros.resources.process import start_in_turn
+
+    first, second = start_in_turn(["w5", "w6"], "local", threads=2, background_threads=1,
+                                  max_context_tokens=1024)
+    try:
+        assert first.alive and not second.alive and second.pid is None
+        assert second.max_context_tokens == first.max_context_tokens == 1024
+        assert second.state_mode == first.state_mode
+        with pytest.raises(ResourceUnavailableError, match="has not started yet"):
+            second.extend(state.static_ids[:4])
+        # its first load starts it, in the background of the running first, and is no restart
+        assert second.load(state.static_ids).n_committed == state.n_static
+        assert second.alive and second.pid != first.pid and second.restarts == 0
+        assert os.getpriority(os.PRIO_PROCESS, second.pid) == second.background_nice
+        assert second.apply(_torch_threads_here) == 1
+        assert second.committed_ids == tuple(state.static_ids)
+        second.kill()                                   # a death after that is a restart
+        assert second.revive() and second.restarts == 1
+    finally:
+        first.close()
+        second.close()
+
+
 def test_a_busy_worker_is_set_to_background_after_its_call_without_the_caller_waiting(state):
     """A caller that holds its own lock (the reconciler's) must not wait for a stopped
     worker's call to end: the threads are set once the call is over."""

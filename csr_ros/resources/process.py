@@ -24,9 +24,12 @@ as in process); the call then raises what `on_text` raised.
 A dead child raises `ResourceUnavailableError` (its committed state is gone). `load()` replaces
 the whole committed run anyway, so it starts a fresh child first: a warm-up retry after a crash
 recovers by itself; `revive()` starts one at once, so that the next load does not wait for the
-model to load. A call given `timeout_s` that does not answer in time kills the child and
-raises `ResourceTimeoutError`. A child whose parent died (killed, say) exits within a second,
-even in the middle of a computation: nothing is left running for a person to clean up.
+model to load. `start_in_turn` starts the first of several resources alone and the others
+later (at their first `load` or `revive`): a restarted primary is then ready without sharing
+the cores with its secondary's start. A call given `timeout_s` that does not answer in time
+kills the child and raises `ResourceTimeoutError`. A child whose parent died (killed, say)
+exits within a second, even in the middle of a computation: nothing is left running for a
+person to clean up.
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ class ProcessResource:
 
     def __init__(self, kind: str, *, name: str | None = None, start_timeout_s: float = 600.0,
                  background_nice: int = 10, background_threads: int | None = None,
-                 **options: Any):
+                 start: bool = True, **options: Any):
+        """`start=False`: no worker process yet; the first `load` or `revive` starts it."""
         self.kind = kind
         self.name = name or options.get("name") or kind
         self.options = {**options, "name": self.name}
@@ -75,7 +79,23 @@ class ProcessResource:
         self._lock = threading.Lock()
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn = None
-        self._spawn()
+        self.started = False
+        if start:
+            self._spawn()
+
+    def sibling(self, name: str) -> "ProcessResource":
+        """A resource of this one's kind and options that starts later (`start=False`), at low
+        CPU priority beside this one, until the caller sets its priority."""
+        options = {k: v for k, v in self.options.items() if k != "name"}
+        other = ProcessResource(self.kind, name=name, start_timeout_s=self.start_timeout_s,
+                                background_nice=self.background_nice,
+                                background_threads=self.background_threads, start=False,
+                                **options)
+        # the same kind and options report the same (the child's ready overwrites them)
+        other.max_context_tokens = self.max_context_tokens
+        other._state_mode = self._state_mode
+        other._wanted = (True, True)
+        return other
 
     # -- the Resource interface ------------------------------------------------------------
 
@@ -227,9 +247,13 @@ class ProcessResource:
     def _revive_locked(self) -> bool:
         if self.alive:
             return False
-        log.warning("resource %s: worker process is gone; starting a new one", self.name)
+        again = self.started
+        if again:
+            log.warning("resource %s: worker process is gone; starting a new one", self.name)
+        else:
+            log.info("resource %s: starting its worker process", self.name)
         self._spawn_locked()
-        self.restarts += 1
+        self.restarts += again
         return True
 
     def kill(self) -> None:
@@ -269,6 +293,7 @@ class ProcessResource:
         process.start()
         child.close()
         self._process, self._conn = process, parent
+        self.started = True
         self._background = False
         self._threads_background = False
         if self._wanted[0]:
@@ -336,6 +361,9 @@ class ProcessResource:
                 raise ResourceTimeoutError(msg)
 
     def _dead_message(self, what: str) -> str:
+        if not self.started:
+            return (f"resource {self.name!r}: its worker process has not started yet "
+                    f"(during {what}); load() or revive() starts it")
         code = None if self._process is None else self._process.exitcode
         return (f"resource {self.name!r}: worker process "
                 f"{None if self._process is None else self._process.pid} is not running "
@@ -368,6 +396,16 @@ def start_side_by_side(names: Sequence[str], kind: str = "local",
             resource.close()
         raise errors[0]
     return [made[name] for name in names]
+
+
+def start_in_turn(names: Sequence[str], kind: str = "local",
+                  **options) -> list[ProcessResource]:
+    """One ProcessResource per name: the first started (ready when this returns), the others
+    its `sibling`s, started by their first `load` or `revive`. A primary restored after a
+    crash then starts alone: two model loads side by side on a small machine make both
+    slower, and the robot waits for the first."""
+    first = ProcessResource(kind, name=names[0], **options)
+    return [first] + [first.sibling(name) for name in names[1:]]
 
 
 def _child_main(conn, kind: str, options: dict) -> None:

@@ -209,10 +209,12 @@ class StateHost:
         c = self.config
         if c.resource == "local":
             from csr_ros.model_store import resolve_model_dir
-            from csr_ros.resources.process import start_side_by_side
+            from csr_ros.resources.process import start_in_turn
             from csr_ros.tokenizer import HFTokenizer
 
-            self.resources = start_side_by_side(
+            # r1 (the primary, restored from the capsule) starts alone; r2 starts once this
+            # process serves (_revive_loop), not beside it: the robot waits only for r1
+            self.resources = start_in_turn(
                 ["r1", "r2"], "local", model=c.model, threads=c.threads, dtype=c.dtype,
                 backend=c.backend, background_threads=c.background_threads,
                 max_context_tokens=c.max_context_tokens)
@@ -305,8 +307,9 @@ class StateHost:
             self.send(("decision", tick, out))
 
     def _revive_loop(self) -> None:
-        """A dead secondary's worker is started again before it is needed (the primary's
-        death is found by its next query or extend, which fails over first)."""
+        """A secondary's worker is started (after this process's own start) and started again
+        when it dies, before it is needed (the primary's death is found by its next query or
+        extend, which fails over first)."""
         while not self._stop.wait(REVIVE_EVERY_S):
             secondary = self.rec.machine.secondary
             for resource in self.resources:

@@ -802,7 +802,13 @@ class Soak:
             if self.host is host:
                 return False
             record.extra["_why"] = "the new process has not caught up"
-            return status.get("next_seq", 0) >= self.aggregator.next_seq - 64
+            if status.get("next_seq", 0) < self.aggregator.next_seq - 64:
+                return False
+            # the new process starts its secondary's worker after it serves: redundant again
+            # only once that runs
+            record.extra["_why"] = "the new process's workers are not all running"
+            return bool(self.servers) or all(p is not None and alive(p)
+                                              for p in status.get("worker_pids", {}).values())
         self._recover(record, t0, cleared, ready=ready)
         new = self.host
         if new is not None and new.ready is not None and new is not host:
