@@ -85,11 +85,13 @@ def test_memory_slope_is_taken_per_process_once_warm_and_weighted_by_its_life():
     for i in range(200):                     # 2 robot-hours growing 1 MB/h after a warm-up
         series.samples.append((i * 36.0, 100.0 + (50.0 if i > 10 else i * 5.0) + i * 0.01, 9,
                                4, 111))
-    for i in range(100):                     # a restarted process, flat
-        series.samples.append((7200.0 + i * 36.0, 80.0, 9, 4, 222))
+    for i in range(100):                     # a restarted process, flat, that opens its
+        series.samples.append((7200.0 + i * 36.0, 80.0, 7 if i < 3 else 9, 4, 222))  # pipes
     rss, fds = series.summary()
     assert rss["processes"] == 2 and fds == {"start": 9, "end": 9, "max": 9,
                                              "per_process_growth_max": 0}
+    series.samples.append((7200.0 + 100 * 36.0, 80.0, 10, 4, 222))    # one more, late: a leak
+    assert series.summary()[1]["per_process_growth_max"] == 1
     assert 0.3 < rss["slope_mb_per_robot_hour"] < 1.0
 
 

@@ -58,9 +58,9 @@ class ProcessSeries:
 
     def summary(self) -> tuple[dict, dict]:
         """rss_mb {start, end, max, slope_mb_per_robot_hour, ...} and open_fds {start, end,
-        max}. The slope: each process's least-squares line once warm (its first
-        WARM_FRACTION left out), weighted by how long it lived; processes younger than
-        MIN_SLOPE_ROBOT_S give none."""
+        max, per_process_growth_max}. The slope: each process's least-squares line once warm
+        (its first WARM_FRACTION left out), weighted by how long it lived; processes younger
+        than MIN_SLOPE_ROBOT_S give none. The fds' growth: over each process's warm part."""
         if not self.samples:
             return {}, {}
         first, last = self.samples[0], self.samples[-1]
@@ -70,7 +70,7 @@ class ProcessSeries:
             span_s = life[-1][0] - life[0][0]
             if span_s < MIN_SLOPE_ROBOT_S:
                 continue
-            warm = [s for s in life if s[0] >= life[0][0] + WARM_FRACTION * span_s]
+            warm = _warm(life)
             value = slope([s[0] / 3600.0 for s in warm], [s[1] for s in warm])
             if value is not None:
                 slopes.append(value)
@@ -88,10 +88,17 @@ class ProcessSeries:
             rss["longest_life_warm_start"] = round(longest[2], 1)
             rss["longest_life_end"] = round(longest[3], 1)
         fds = {"start": first[2], "end": last[2], "max": max(s[2] for s in self.samples)}
-        lives = self.lives()
-        fds["per_process_growth_max"] = max(life[-1][2] - life[0][2] for life in lives)
+        # once warm, as the slope: a state's process opens its secondary's pipe after it serves
+        fds["per_process_growth_max"] = max(warm[-1][2] - warm[0][2]
+                                            for warm in map(_warm, self.lives()))
         threads = {"start": first[3], "end": last[3], "max": max(s[3] for s in self.samples)}
         return {**rss, "threads": threads}, fds
+
+
+def _warm(life: list[tuple]) -> list[tuple]:
+    """A process's samples after its first WARM_FRACTION (by robot time)."""
+    span_s = life[-1][0] - life[0][0]
+    return [s for s in life if s[0] >= life[0][0] + WARM_FRACTION * span_s]
 
 
 @dataclass
