@@ -249,6 +249,11 @@ class _Host:
         return final
 
 
+def _workers_alive(status: dict) -> bool:
+    """Every worker process the state's process reports runs."""
+    return all(p is not None and alive(p) for p in status.get("worker_pids", {}).values())
+
+
 class Soak:
     def __init__(self, settings: SoakSettings, run_dir: Path):
         self.s = settings
@@ -773,7 +778,7 @@ class Soak:
         cleared = time.monotonic()
         self._recover(record, t0, cleared,
                       ready=lambda st: self.servers[name].running if self.servers else
-                      all(p is not None and alive(p) for p in st.get("worker_pids", {}).values()),
+                      _workers_alive(st),
                       words=lambda: self._counter_words(status))
 
     def _signal(self, pid: int, sig: int) -> None:
@@ -807,8 +812,7 @@ class Soak:
             # the new process starts its secondary's worker after it serves: redundant again
             # only once that runs
             record.extra["_why"] = "the new process's workers are not all running"
-            return bool(self.servers) or all(p is not None and alive(p)
-                                              for p in status.get("worker_pids", {}).values())
+            return bool(self.servers) or _workers_alive(status)
         self._recover(record, t0, cleared, ready=ready)
         new = self.host
         if new is not None and new.ready is not None and new is not host:
