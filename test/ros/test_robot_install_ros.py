@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from std_msgs.msg import String
-
 from csr_ros.actions import Vocabulary
 from csr_ros.msg import Action, PolicyDecision, StateChunk
 from csr_ros.nodes.common import CHUNKS_QOS, DECISIONS_QOS
+from csr_ros.srv import GetChunks
 
-from support.ros_graph import ROOT, Graph, NodeProcess
+from support.ros_graph import ROOT, Graph, NodeProcess, call
+from support.ros_nodes import recording_probe, say
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.server, pytest.mark.slow]
@@ -102,13 +102,12 @@ def test_the_robot_sides_aggregator_and_policy_decide_against_a_llama_cpp_server
     graph = Graph()
     nodes = []
     try:
-        probe = graph.node("csr_ros_robot_probe")
-        chunks, decisions, actions = [], [], []
-        probe.create_subscription(StateChunk, "csr/chunks", chunks.append, CHUNKS_QOS)
-        probe.create_subscription(PolicyDecision, "csr/decisions", decisions.append,
-                                  DECISIONS_QOS)
-        probe.create_subscription(Action, "csr/actions", actions.append, DECISIONS_QOS)
-        speech = probe.create_publisher(String, "/test/speech", 10)
+        probe = recording_probe(graph, "csr_ros_robot_probe",
+                                chunks=(StateChunk, "csr/chunks", CHUNKS_QOS),
+                                decisions=(PolicyDecision, "csr/decisions", DECISIONS_QOS),
+                                actions=(Action, "csr/actions", DECISIONS_QOS))
+        decisions, actions = probe.received["decisions"], probe.received["actions"]
+        get_chunks = probe.create_client(GetChunks, "csr/get_chunks")
         for node in ("aggregator", "policy"):
             # -X importtime: every module the process imports, written to its log
             nodes.append(NodeProcess(node, "--params-file", str(params),
@@ -117,13 +116,19 @@ def test_the_robot_sides_aggregator_and_policy_decide_against_a_llama_cpp_server
                                      cwd=tmp_path))
         nodes[0].wait_output("aggregating", timeout_s=120.0)
         nodes[1].wait_output("deciding at", timeout_s=120.0)
-        wait_for(lambda: probe.count_subscribers("/test/speech") > 0, timeout_s=60.0,
-                 what="the aggregator's speech subscription")
-        for text in ("Ana: the hallway is clear", "Ana: turn around, 720 degrees"):
-            n = len(chunks)
-            wait_for(lambda: speech.publish(String(data=text)) or len(chunks) > n,
-                     timeout_s=60.0, every_s=1.0, what=f"the chunk {text!r}")
-        last = chunks[-1].seq
+        # Spoken once the aggregator's reliable subscription has matched this publisher (the
+        # aggregator makes no second chunk of an unchanged text, so a resend cannot make up
+        # for a lost first one); the chunks are read back from the aggregator's GetChunks
+        # answer, which holds every chunk it made, whether or not csr/chunks has matched yet.
+        texts = ["Ana: the hallway is clear", "Ana: turn around, 720 degrees"]
+        say(probe, graph, texts)
+        served = wait_for(
+            lambda: (a := call(get_chunks, GetChunks.Request(start_seq=0), timeout_s=5.0))
+            and len(a.chunks) == len(texts) and a.chunks,
+            timeout_s=60.0, what="both chunks in the aggregator's GetChunks answer")
+        assert [c.text.endswith(t) for c, t in zip(served, texts)] == [True, True], \
+            [c.text for c in served]
+        last = served[-1].seq
         decided = wait_for(lambda: [d for d in decisions if d.last_seq >= last and d.valid],
                            timeout_s=300.0, what="a valid decision over both chunks")
         vocab = Vocabulary.parse(ACTIONS)
