@@ -19,7 +19,7 @@ from csr_ros.soak import FAULT_KINDS, SoakSettings, parse_faults
 from csr_ros.soak.audit import audit_log
 from csr_ros.soak.faults import FaultPlan
 from csr_ros.soak.state_host import AT_RISK_LAG_S, risk_tokens
-from csr_ros.soak.summary import ProcessSeries
+from csr_ros.soak.summary import FaultRecord, ProcessSeries, kill_host_restarts
 from csr_ros.soak.traffic import Aggregator, PatrolTraffic, read_sent, text_crc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +34,27 @@ def test_a_fault_plan_brings_every_kind_once_per_round_in_a_seeded_order():
     times = [at for at, _ in first]
     assert times == sorted(times) and all(30.0 <= b - a <= 90.0 for a, b in
                                           zip([0.0] + times, times))
+
+
+def test_a_soak_whose_next_fault_falls_after_its_end_closes_with_a_kill_host_once():
+    plan = FaultPlan(tuple(FAULT_KINDS), every_s=60.0, seed=3)
+    assert plan.closing(None) == "kill_host" and plan.closing("double") == "kill_host"
+    assert plan.closing("kill_host") is None, "not two restarts in a row"
+    assert FaultPlan(("stall", "double"), every_s=60.0, seed=3).closing("stall") is None
+
+
+def test_the_last_kill_host_restart_is_given_against_the_first():
+    def kill_host(at_h: float, restart_s: float | None) -> FaultRecord:
+        return FaultRecord(kind="kill_host", at_s=at_h * 3600.0, wall_at_s=0.0,
+                           extra={} if restart_s is None else {"restart_s": restart_s})
+
+    faults = [kill_host(0.8, 4.0), FaultRecord(kind="double", at_s=9.0 * 3600, wall_at_s=0.0,
+                                               extra={"restart_s": 9.0}),
+              kill_host(12.0, None), kill_host(23.4, 5.0)]
+    assert kill_host_restarts(faults) == {"kill_host": [[0.8, 4.0], [23.4, 5.0]],
+                                          "last_over_first": 1.25}
+    assert kill_host_restarts(faults[:1]) == {"kill_host": [[0.8, 4.0]],
+                                              "last_over_first": None}
 
 
 def test_fault_lists_and_settings_are_checked_with_clear_errors():
@@ -156,6 +177,30 @@ print(json.dumps({"mode": fs.mode, "problems": problems, "exists": run_dir.exist
                   "kept": sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.seg"))
                   if run_dir.exists() else []}))
 """
+
+
+@pytest.mark.slow
+def test_a_soak_too_short_for_its_first_planned_fault_still_closes_with_a_restart(tmp_path):
+    """Half a robot-hour at x20 is 90 s of wall time, and the first kill_host is planned 300 to
+    900 s in: the plan's faults would all fall after the end, so the soak restarts the state's
+    process once before it, and the summary gives that restart."""
+    out = tmp_path / "soak.json"
+    argv = [sys.executable, "-m", "csr_ros.cli", "soak", "--faults", "kill_host",
+            "--fault-every-s", "600", "--robot-hours", "0.5", "--speedup", "20", "--seed", "4",
+            "--threads", "1", "--rate-hz", "1", "--quiet", "--workdir", str(tmp_path / "run"),
+            "--json", str(out)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.exists(), done.stderr[-4000:]
+    summary = json.loads(out.read_text())
+    assert [(f["kind"], f["extra"].get("closing"), f["recovered"]) for f in summary["faults"]] \
+        == [("kill_host", True, True)], summary["faults"]
+    (at_h, restart_s), = summary["restart_s"]["kill_host"]
+    assert 0.0 <= at_h < 0.5 and restart_s > 0
+    assert summary["restart_s"]["last_over_first"] is None, "one restart has nothing to compare"
+    assert (summary["chunks_lost"], summary["chunks_duplicated"], summary["chunks_reordered"],
+            summary["chunks_corrupt"]) == (0, 0, 0, 0)
+    assert summary["state_equals_log"] is True and done.returncode == 0, done.stdout[-3000:]
 
 
 @pytest.mark.parametrize("keep", [False, True])

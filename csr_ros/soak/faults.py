@@ -10,7 +10,10 @@ that holds the chunk log during a soak.
     unmount(run_dir / "logfs")               # at the end, once no process holds it
 
 Every kind comes once per round, in a seeded order, so a short soak with `--faults all` sees
-each; the gaps between faults are `every_s` times a seeded factor between 0.5 and 1.5.
+each; the gaps between faults are `every_s` times a seeded factor between 0.5 and 1.5. Where the
+next planned fault would fall after the end, a soak whose kinds include kill_host ends its faults
+with one (`plan.closing`): its restart, at the end of the day, is measured against the first one,
+so a process that aged on the way shows it.
 
 The file system is a tmpfs of `size_mb` in a mount namespace of this process's own (its
 children inherit it; it disappears with the last of them): filling it gives the chunk log a
@@ -38,6 +41,8 @@ log = logging.getLogger("csr_ros.soak")
 _CLONE_NEWNS = 0x00020000
 _MNT_DETACH = 2
 FILLER = "filler"
+CLOSING_KIND = "kill_host"
+CLOSING_LEAD = 2.0        # a closing fault comes this many fault margins before the end
 
 
 class FaultPlan:
@@ -57,6 +62,14 @@ class FaultPlan:
             self._rng.shuffle(self._round)
         self._at_s += self.every_s * self._rng.uniform(0.5, 1.5)
         return self._at_s, self._round.pop(0)
+
+    def closing(self, last_kind: str | None) -> str | None:
+        """The fault that ends a soak whose next planned one falls after its end: a restart of
+        the state's process (`CLOSING_KIND`) where the plan has that kind and the last fault was
+        not one; else None."""
+        if CLOSING_KIND in self.kinds and last_kind != CLOSING_KIND:
+            return CLOSING_KIND
+        return None
 
     def after(self, now_s: float) -> None:
         """Faults come no sooner than a gap after `now_s` (the last one's recovery)."""

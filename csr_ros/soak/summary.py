@@ -175,6 +175,15 @@ class SoakSummary:
         return out
 
 
+def kill_host_restarts(faults: list[FaultRecord]) -> dict:
+    """Each kill_host's restart of the state's process, [robot-hour, seconds], and the last
+    one's time over the first's: a process that aged over the day restarts slower."""
+    runs = [[round(f.at_s / 3600.0, 2), f.extra["restart_s"]] for f in faults
+            if f.kind == "kill_host" and f.extra.get("restart_s")]
+    return {"kill_host": runs,
+            "last_over_first": round(runs[-1][1] / runs[0][1], 2) if len(runs) > 1 else None}
+
+
 def ttft_figures(ttfts_s: list[float]) -> dict:
     if not ttfts_s:
         return {"n": 0}
@@ -231,6 +240,11 @@ def format_report(s: SoakSummary) -> str:
                  f"{s.log_bytes.get('archive_end', 0) / 1e6:.1f} MB); restart "
                  f"{_ms(s.restart_s.get('median_s'))} median over "
                  f"{s.restart_s.get('n', 0)} restarts")
+    if s.restart_s.get("last_over_first") is not None:
+        first, last = s.restart_s["kill_host"][0], s.restart_s["kill_host"][-1]
+        lines.append(f"  kill_host restarts: {first[1]:.1f} s at robot-hour {first[0]:.2f}, "
+                     f"{last[1]:.1f} s at {last[0]:.2f} ({s.restart_s['last_over_first']:.2f}x "
+                     "the first)")
     lines.append(f"  load average {s.load_average}")
     for note in s.notes:
         lines.append(f"  note: {note}")

@@ -46,11 +46,12 @@ from pathlib import Path
 
 from csr_ros.errors import ConfigError
 from csr_ros.soak.audit import audit_log
-from csr_ros.soak.faults import FaultPlan, LogFileSystem, unmount
+from csr_ros.soak.faults import CLOSING_LEAD, FaultPlan, LogFileSystem, unmount
 from csr_ros.soak.probes import alive, log_sizes, start_ticks, tree_usage, usage
 from csr_ros.soak.settings import SoakSettings
 from csr_ros.soak.state_host import HostConfig, start_host
-from csr_ros.soak.summary import (FaultRecord, ProcessSeries, SoakSummary, ttft_figures)
+from csr_ros.soak.summary import (FaultRecord, ProcessSeries, SoakSummary, kill_host_restarts,
+                                  ttft_figures)
 from csr_ros.soak.traffic import Aggregator, PatrolTraffic
 from csr_ros.waiting import wait_until
 
@@ -605,8 +606,14 @@ class Soak:
                     len(self.faults) >= self.s.max_faults:
                 return
             at_s, kind = step            # wall seconds from the start of the robot's clock
-            while not self.stop.is_set() and \
-                    time.monotonic() - self.robot_started_wall < at_s:
+            # the planned one would come after the end: the closing fault instead, if any
+            closing = None
+            if self._robot_s_at(at_s) > self.s.robot_s - self._fault_margin_s():
+                closing = plan.closing(self.faults[-1].kind if self.faults else None)
+                kind = closing or kind
+            while not self.stop.is_set() and (
+                    self._robot_left_s() > CLOSING_LEAD * self._fault_margin_s() if closing
+                    else time.monotonic() - self.robot_started_wall < at_s):
                 self.stop.wait(0.2)
             if self.stop.is_set() or self._robot_left_s() < self._fault_margin_s():
                 return
@@ -614,6 +621,8 @@ class Soak:
                 continue
             record = FaultRecord(kind=kind, at_s=self.robot_s,
                                  wall_at_s=time.monotonic() - self.started_wall)
+            if closing:
+                record.extra["closing"] = True
             with self.lock:
                 self.faults.append(record)
             self._say(f"fault {len(self.faults)}: {kind} at {self.robot_s / 3600:.2f} "
@@ -631,6 +640,12 @@ class Soak:
 
     def _robot_left_s(self) -> float:
         return self.s.robot_s - self.robot_s
+
+    def _robot_s_at(self, at_s: float) -> float:
+        """The robot time at `at_s` wall seconds from the start of the robot's clock, if
+        nothing holds it until then."""
+        wall_left_s = at_s - (time.monotonic() - self.robot_started_wall)
+        return self.robot_s + max(0.0, wall_left_s) * self.s.speedup
 
     def _fault_margin_s(self) -> float:
         """Robot time a fault needs before the end: about a minute of wall time."""
@@ -1121,7 +1136,8 @@ class Soak:
                                             default=None),
                        "first_start_s": round(self.first_ready.get("restart_s", 0.0), 2),
                        "at_robot_h": [[r["at_robot_h"], round(r["restart_s"], 2)]
-                                      for r in self.host_restarts]},
+                                      for r in self.host_restarts],
+                       **kill_host_restarts(self.faults)},
             hedged_queries=int(total["hedged_queries"]),
             held_by_cause={k: round(v, 1) for k, v in self.held_by_cause.items()},
             costs_s={"state_log_sync": round(total["log_sync_s"], 2),
