@@ -38,7 +38,7 @@ def test_all_in_one_stopped_while_loading_its_models_exits_0_without_a_shutdown_
         node.proc.send_signal(signal.SIGINT)
         code = node.wait_exit(timeout_s=60.0)
     finally:
-        node.kill()
+        node.stop()
     out = node.output
     assert "started: v" not in out, "the signal should have come during the model load"
     assert code == 0, out
@@ -52,7 +52,7 @@ def test_the_policy_of_all_in_one_waits_for_the_model_load_without_failed_querie
         node.wait_output("started: v", timeout_s=240.0)
         code, _ = node.terminate(timeout_s=30.0)
     finally:
-        node.kill()
+        node.stop()
     out = node.output
     loading = out.index("loading the model")
     assert out.index("deciding at") < loading < out.index("started: v")   # ticks while loading

@@ -155,7 +155,7 @@ def test_a_bad_parameter_fails_configure_with_the_reason_and_the_process_stays_u
         code, _ = node.terminate()
         assert code == 0, node.output
     finally:
-        node.kill()
+        node.stop()
 
 
 def test_servers_that_cannot_be_reached_bring_the_reconciler_back_to_unconfigured_and_say_why(
@@ -178,7 +178,7 @@ def test_servers_that_cannot_be_reached_bring_the_reconciler_back_to_unconfigure
         code, _ = node.terminate()
         assert code == 0, node.output
     finally:
-        node.kill()
+        node.stop()
 
 
 def test_with_autostart_servers_that_cannot_be_reached_end_the_reconciler_process_with_exit_2(
@@ -194,7 +194,7 @@ def test_with_autostart_servers_that_cannot_be_reached_end_the_reconciler_proces
             node.output
         assert "Traceback" not in node.output
     finally:
-        node.kill()
+        node.stop()
 
 
 def test_a_callback_that_raises_is_said_once_counted_on_diagnostics_and_the_node_goes_on(

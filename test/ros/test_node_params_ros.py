@@ -102,5 +102,5 @@ def test_a_context_longer_than_the_servers_names_the_parameter_and_the_policy_wa
         assert "max_context_tokens" not in said and "Traceback" not in said, said
         policy.wait_output("no reconciler publishes csr/swaps", timeout_s=60.0)
     finally:
-        reconciler.kill()
-        policy.kill()
+        reconciler.stop()
+        policy.stop()

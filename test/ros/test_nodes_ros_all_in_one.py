@@ -166,5 +166,5 @@ def test_all_in_one_joins_late_decides_answers_queries_and_catches_up_after_a_re
         assert aggregator.terminate()[0] == 0
     finally:
         for proc in procs:
-            proc.kill()
+            proc.stop()
         graph.close()

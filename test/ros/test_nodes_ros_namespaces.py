@@ -212,5 +212,5 @@ def test_two_namespaced_robots_on_one_graph_keep_their_own_chunks_decisions_and_
             assert code == 0, proc.output
     finally:
         for proc in procs:
-            proc.kill()
+            proc.stop()
         graph.close()

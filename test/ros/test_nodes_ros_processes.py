@@ -35,7 +35,7 @@ def processes():
     started: list[NodeProcess] = []
     yield started
     for proc in started:
-        proc.kill()
+        proc.stop()
 
 
 def write_params(path, node: str, params: dict) -> str:
@@ -129,7 +129,8 @@ def test_an_aggregator_restarted_with_its_chunk_log_continues_its_seq(graph, pro
         wait_reliable_subscription(probe, speech, before=speech_subs_before)
         for text in texts:
             speech.publish(String(data=text))
-        answer = wait_for(lambda: held(n_before + len(texts)), what="the chunks")
+        answer = wait_for(lambda: held(n_before + len(texts)), what="the chunks",
+                          context=proc.tail)
         assert proc.terminate()[0] == 0
         return [(c.seq, c.text) for c in answer.chunks]
 
@@ -143,7 +144,7 @@ def test_an_aggregator_restarted_with_its_chunk_log_continues_its_seq(graph, pro
     proc = NodeProcess("aggregator", "--params-file", params, log=tmp_path / "agg_last.log")
     processes.append(proc)
     proc.wait_output("from seq 5")
-    answer = wait_for(lambda: held(5), what="the chunks from the log")
+    answer = wait_for(lambda: held(5), what="the chunks from the log", context=proc.tail)
     assert [(c.seq, c.text) for c in answer.chunks] == second
     assert (answer.first_available_seq, answer.next_seq) == (0, 5)
 
@@ -262,10 +263,11 @@ def rendered(tmp_path_factory):
             for name in missing:
                 pubs[name].publish(messages[name])
             return not missing
-        wait_for(heard_each, every_s=1.0, what=f"a chunk of each of {list(messages)}")
+        wait_for(heard_each, every_s=1.0, what=f"a chunk of each of {list(messages)}",
+                 context=proc.tail)
         assert proc.terminate()[0] == 0
     finally:
-        proc.kill()
+        proc.stop()
         graph.close()
 
     # the same messages, as a bag recorded them (CDR), through `csr-ros replay`

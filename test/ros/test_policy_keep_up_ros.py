@@ -87,4 +87,4 @@ def test_a_policy_whose_server_stalls_falls_behind_then_keeps_up_again_and_stays
         assert "ValueError" not in policy.output and "Traceback" not in policy.output, \
             policy.output
     finally:
-        policy.kill()
+        policy.stop()

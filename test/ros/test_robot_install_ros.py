@@ -125,12 +125,14 @@ def test_the_robot_sides_aggregator_and_policy_decide_against_a_llama_cpp_server
         served = wait_for(
             lambda: (a := call(get_chunks, GetChunks.Request(start_seq=0), timeout_s=5.0))
             and len(a.chunks) == len(texts) and a.chunks,
-            timeout_s=60.0, what="both chunks in the aggregator's GetChunks answer")
+            timeout_s=60.0, what="both chunks in the aggregator's GetChunks answer",
+            context=nodes[0].tail)
         assert [c.text.endswith(t) for c, t in zip(served, texts)] == [True, True], \
             [c.text for c in served]
         last = served[-1].seq
         decided = wait_for(lambda: [d for d in decisions if d.last_seq >= last and d.valid],
-                           timeout_s=300.0, what="a valid decision over both chunks")
+                           timeout_s=300.0, what="a valid decision over both chunks",
+                           context=nodes[1].tail)
         vocab = Vocabulary.parse(ACTIONS)
         for decision in decided:
             assert decision.constrained
@@ -155,7 +157,7 @@ def test_the_robot_sides_aggregator_and_policy_decide_against_a_llama_cpp_server
             assert code == 0, proc.output[-3000:]
     finally:
         for proc in nodes:
-            proc.kill()
+            proc.stop()
         graph.close()
 
 

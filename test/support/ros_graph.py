@@ -147,6 +147,13 @@ class NodeProcess:
     def output(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
+    def tail(self, n_chars: int = 3000) -> str:
+        """The end of its output, headed by its pid and whether it still runs: what a failed
+        wait on this process adds to its message (DDS transport errors are printed here)."""
+        state = "running" if self.proc.poll() is None else f"exited {self.proc.returncode}"
+        return f"--- {self.module} (pid {self.proc.pid}, {state}), end of its output:\n" + \
+            self.output[-n_chars:]
+
     def wait_output(self, text: str, timeout_s: float = 60.0) -> str:
         def seen():
             if text in self.output:
@@ -183,7 +190,24 @@ class NodeProcess:
             self._log.close()
         return code, time.monotonic() - started
 
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """The cleanup after a test, pass or fail: SIGTERM, SIGKILL only after `timeout_s`.
+
+        A node process that ends on SIGTERM takes its DDS participant down with it. A SIGKILL
+        leaves the participant's shared-memory segment in /dev/shm (two files per killed node),
+        and Fast DDS does not always recover a port that a killed participant used
+        (eProsima/Fast-DDS#5053, #5469): the suspected cause of a run in which a later test's
+        aggregator was in the probe's graph and got none of the probe's data for 30 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
     def kill(self) -> None:
+        """SIGKILL, as a crash: for a test about a crash, not for cleanup (see `stop`)."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
