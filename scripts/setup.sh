@@ -155,7 +155,7 @@ if [[ $with_server == 1 ]]; then
   llama_spec='llama-cpp-python[server]==0.3.36' llama_module=llama_cpp.server
 fi
 if ! .venv/bin/python -c "import $llama_module" 2>/dev/null; then
-  step "building $llama_spec (compiles llama.cpp once: about 5 minutes on 2 cores)"
+  step "building $llama_spec (compiles llama.cpp once: about 9 minutes on 2 cores)"
   llama_cmake="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
   case "$(uname -m)" in
     x86_64|amd64) llama_cmake+=" -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" ;;
