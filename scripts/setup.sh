@@ -39,16 +39,27 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 started_s=$SECONDS
 step() { printf '\n== [%4ds] %s\n' "$((SECONDS - started_s))" "$*" >&2; }
 
-# Steps that share neither files nor much CPU with the llama.cpp compile (vLLM's 3.5 GB, the
-# arm64 root file system, the opt-in models: mostly downloads) run beside it, each with its
-# output in build/setup-logs/NAME.log, shown once it ends. A failed one fails the set-up
-# after the others have ended, with the end of its log.
+# Steps that share no files with the llama.cpp compile (vLLM's 3.5 GB, the arm64 root file
+# system, the opt-in models) run beside it: their downloads overlap the compile; where pip's
+# cache already holds them, their installs share its 2 cores and nothing is saved. Each job's
+# output goes to build/setup-logs/NAME.log, shown once it ends. A failed one fails the set-up
+# after the others have ended, with the end of its log. Each job is a process group of its
+# own (set -m), so a set-up that ends early (an error, Ctrl-C, SIGTERM once the step in the
+# foreground has ended) ends the jobs still running with everything they started (pip,
+# debootstrap, qemu), orphans included.
 jobs_pid=() jobs_name=()
+end_beside() {
+  local pid
+  for pid in "${jobs_pid[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+}
+trap end_beside EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 beside() {   # beside NAME COMMAND...
   local log=build/setup-logs/$1.log
   mkdir -p build/setup-logs
   step "$1: started beside the rest ($log)"
-  ( shift; "$@" ) > "$log" 2>&1 &
+  set -m; ( shift; "$@" ) > "$log" 2>&1 & set +m
   jobs_pid+=("$!") jobs_name+=("$1")
 }
 wait_beside() {
@@ -62,6 +73,7 @@ wait_beside() {
       failed+=("$name")
     fi
   done
+  jobs_pid=()
   if (( ${#failed[@]} )); then echo "set-up failed: ${failed[*]}" >&2; exit 1; fi
 }
 
@@ -149,7 +161,7 @@ step "converting the default model once into the cache (about 35 s the first tim
 # -march=native build from one segfaults on another. On x86_64 AVX2/FMA/F16C is the common
 # floor; on ARM the default NEON baseline. --no-cache-dir keeps pip from reusing a wheel built
 # with other flags. LLAVA_BUILD=OFF leaves out the multimodal library (mtmd), which a text
-# model never loads: a fifth of the compile.
+# model never loads.
 llama_spec='llama-cpp-python==0.3.36' llama_module=llama_cpp
 if [[ $with_server == 1 ]]; then
   llama_spec='llama-cpp-python[server]==0.3.36' llama_module=llama_cpp.server
