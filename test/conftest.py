@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from csr_ros.ros_domain import free_ros_domain
+from csr_ros.ros_domain import SLOT_ENV as DOMAIN_SLOT_ENV, free_ros_domain
 from support.ros_check import ros_missing
 # The session's two vLLM servers, defined once here: a session fixture imported into several
 # test modules is one fixture per module, and each module's pair stayed up to the end of the
@@ -32,6 +32,10 @@ AARCH64_REQUIRED = (os.environ.get("CI", "").lower() == "true"
 
 
 def pytest_configure(config):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")   # "gw0", "gw1", ... under pytest -n N
+    if worker is not None:
+        # Test processes that start side by side pick their domains from disjoint sets.
+        os.environ[DOMAIN_SLOT_ENV] = f"{int(worker[2:])}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
     # A random unused domain and localhost-only discovery: the nodes of this run (and the
     # processes it starts, which inherit the environment) never meet another run's or a robot's.
     os.environ["ROS_DOMAIN_ID"] = str(free_ros_domain())
@@ -44,6 +48,58 @@ def pytest_sessionstart(session):
         if why is not None:
             pytest.exit(f"ROS is required here (CI or CSR_ROS_REQUIRE_ROS=1) but {why}",
                         returncode=1)
+
+
+# -- Two test processes (scripts/test.sh runs pytest -n 2 --dist loadgroup) ----------------------
+
+#: Test files by their time in a full run on a 2-core AMD EPYC (2026-12-07), the longest first,
+#: in seconds: soak 505, the vLLM files 680 together, the demos 182 and 172, ... Each test
+#: process takes the next file when its own is done, so the long ones start first and the run
+#: does not end on one long file while the other process idles. Files not named here follow in
+#: their own order.
+LONGEST_FILES_FIRST = (
+    "test/test_vllm_router_fleet.py", "test/test_soak.py", "test/test_demo_runs.py",
+    "test/test_actions_demo.py", "test/test_demo_openai.py", "test/test_engine_llamacpp.py",
+    "test/test_gateway_local.py", "test/test_gateway_http.py",
+    "test/test_actions_local_decoding.py", "test/test_bench_report.py",
+    "test/test_reconcile_process_resource.py", "test/test_eval_harness.py",
+    "test/ros/test_nodes_ros_all_in_one.py", "test/ros/test_colcon_install_ros.py",
+    "test/ros/test_policy_keep_up_ros.py", "test/test_openai_faults.py",
+    "test/test_engine_qwen2.py", "test/test_reconcile_faults_local.py",
+    "test/ros/test_lifecycle_ros.py", "test/test_engine_precision.py",
+    "test/test_eval_scoring.py", "test/test_eval_choice_scoring.py",
+    "test/ros/test_aggregator_ros.py", "test/ros/test_nodes_ros_demo.py",
+    "test/ros/test_watchdog_ros.py", "test/ros/test_reconciler_ros.py",
+    "test/test_actions_servers.py", "test/test_aarch64_robot_side.py",
+)
+
+#: The fixtures that start the session's two vLLM servers (about 9 GB): every file that uses
+#: them runs in one process, so there is never a second pair.
+VLLM_FIXTURES = {"vllm_pair", "vllm_server"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest -n N: whole files go to one process each (their module fixtures start
+    once), the files that use the vLLM servers all go to one, and the longest go first."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return
+    def file_of(item):
+        return item.path.relative_to(config.rootpath).as_posix()
+
+    vllm_files = {file_of(item) for item in items
+                  if item.get_closest_marker("vllm") is not None
+                  or VLLM_FIXTURES & set(item.fixturenames)}
+    group_of = {item: "vllm" if file_of(item) in vllm_files else file_of(item) for item in items}
+    rank = {}
+    for index, item in enumerate(items):
+        group, file = group_of[item], file_of(item)
+        known = LONGEST_FILES_FIRST.index(file) if file in LONGEST_FILES_FIRST else None
+        best = rank.get(group, (len(LONGEST_FILES_FIRST), index))
+        rank[group] = min(best, (known, index)) if known is not None else best
+    items.sort(key=lambda item: rank[group_of[item]])
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group_of[item]))
 
 
 @pytest.hookimpl(hookwrapper=True)
