@@ -24,5 +24,5 @@ processes=${CSR_ROS_TEST_PROCESSES:-2}
 if [[ $processes == 1 ]]; then
   exec .venv/bin/python -m pytest -ra --durations=25 "$@"
 fi
-exec .venv/bin/python -m pytest -ra --durations=25 -n "$processes" --dist loadgroup \
+exec .venv/bin/python -m pytest -ra --durations=25 -n "$processes" --dist loadfile \
   --no-loadscope-reorder "$@"

@@ -50,13 +50,13 @@ def pytest_sessionstart(session):
                         returncode=1)
 
 
-# -- Two test processes (scripts/test.sh runs pytest -n 2 --dist loadgroup) ----------------------
+# -- Two test processes (scripts/test.sh runs pytest -n 2 --dist loadfile) -----------------------
 
 #: Test files by their time in a full run on a 2-core AMD EPYC (2026-12-07), the longest first,
-#: in seconds: soak 505, the vLLM files 680 together, the demos 182 and 172, ... Each test
-#: process takes the next file when its own is done, so the long ones start first and the run
-#: does not end on one long file while the other process idles. Files not named here follow in
-#: their own order.
+#: in seconds: soak 505, the vLLM files 500 together, the demos 182 and 172, ... Each test
+#: process takes the next file when it is nearly done with its own, so the long ones start
+#: first and the run does not end on one long file while the other process idles. Files not
+#: named here follow in their own order.
 LONGEST_FILES_FIRST = (
     "test/test_vllm_router_fleet.py", "test/test_soak.py", "test/test_demo_runs.py",
     "test/test_actions_demo.py", "test/test_demo_openai.py", "test/test_engine_llamacpp.py",
@@ -73,33 +73,45 @@ LONGEST_FILES_FIRST = (
     "test/test_actions_servers.py", "test/test_aarch64_robot_side.py",
 )
 
-#: The fixtures that start the session's two vLLM servers (about 9 GB): every file that uses
-#: them runs in one process, so there is never a second pair.
-VLLM_FIXTURES = {"vllm_pair", "vllm_server"}
+#: The files that use the session's two vLLM servers (about 9 GB, the fixtures vllm_pair and
+#: vllm_server): one process runs them all, so there is never a second pair.
+#: test_package_layers.py checks that this names every such file.
+VLLM_FILES = ("test/test_vllm_router_fleet.py", "test/test_vllm_server.py")
 
 
-@pytest.hookimpl(tryfirst=True)
+def run_unit(nodeid: str) -> str:
+    """What one test process runs as a whole: the test's file, or all the vLLM files."""
+    file = nodeid.split("::", 1)[0]
+    return "vllm" if file in VLLM_FILES else file
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest -n N: whole files go to one process each (their module fixtures start
-    once), the files that use the vLLM servers all go to one, and the longest go first."""
+    """Under pytest -n N, the longest units first (each worker collects the same order)."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return
-    def file_of(item):
-        return item.path.relative_to(config.rootpath).as_posix()
-
-    vllm_files = {file_of(item) for item in items
-                  if item.get_closest_marker("vllm") is not None
-                  or VLLM_FIXTURES & set(item.fixturenames)}
-    group_of = {item: "vllm" if file_of(item) in vllm_files else file_of(item) for item in items}
-    rank = {}
+    rank: dict[str, tuple[int, int]] = {}
     for index, item in enumerate(items):
-        group, file = group_of[item], file_of(item)
-        known = LONGEST_FILES_FIRST.index(file) if file in LONGEST_FILES_FIRST else None
-        best = rank.get(group, (len(LONGEST_FILES_FIRST), index))
-        rank[group] = min(best, (known, index)) if known is not None else best
-    items.sort(key=lambda item: rank[group_of[item]])
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of[item]))
+        unit, file = run_unit(item.nodeid), item.nodeid.split("::", 1)[0]
+        known = (LONGEST_FILES_FIRST.index(file), index) if file in LONGEST_FILES_FIRST \
+            else (len(LONGEST_FILES_FIRST), index)
+        rank[unit] = min(rank.get(unit, known), known)
+    items.sort(key=lambda item: rank[run_unit(item.nodeid)])
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:              # pytest-xdist is not installed: one process, nothing to do
+    pass
+else:
+    class _RunUnitScheduling(LoadScopeScheduling):
+        """--dist loadfile, with the vLLM files as one unit. (xdist's loadgroup marks do not
+        reach the scheduler under pytest 9.2, whose node ids no longer read `_nodeid`.)"""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return run_unit(nodeid)
+
+    def pytest_xdist_make_scheduler(config, log):
+        return _RunUnitScheduling(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -138,3 +138,20 @@ def test_nodes_only_set_fields_that_the_interfaces_have(interfaces):
                 assert not unknown, f"{path.name}:{node.lineno} sets {unknown}"
                 checked += 1
     assert checked >= 4
+
+
+def test_every_test_file_that_uses_the_vllm_servers_runs_in_the_one_vllm_unit():
+    """Under the test command's two processes, the files that ask for the session's vLLM
+    servers are one unit (test/conftest.py: VLLM_FILES): two pairs would not fit in memory."""
+    import conftest
+
+    users = set()
+    for path in sorted((ROOT / "test").rglob("test_*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    {a.arg for a in node.args.args} & {"vllm_pair", "vllm_server"}:
+                users.add(path.relative_to(ROOT).as_posix())
+    assert users and users <= set(conftest.VLLM_FILES), sorted(users - set(conftest.VLLM_FILES))
+    assert {conftest.run_unit(f"{f}::t") for f in users} == {"vllm"}
+    assert conftest.run_unit("test/test_soak.py::t") == "test/test_soak.py"
