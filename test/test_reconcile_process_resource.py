@@ -50,6 +50,9 @@ def test_a_process_resource_implements_the_resource_interface(resource, state):
     answer = resource.query(state.build_request(task="Next action?"), max_new_tokens=2)
     assert answer.resource == "w1" and answer.ttft_s > 0 and answer.n_extended == 0
     assert committed_length(resource) == state.n_static, "apply runs next to the resource"
+    # how the worker's engine was chosen arrives with its start, as the worker's own says it
+    assert resource.engine_choice == resource.call("engine_choice")
+    assert resource.engine_choice["backend"] in ("torch", "llamacpp")
 
 
 # What each capability flag promises the resource has (csr_ros/resources/base.py).

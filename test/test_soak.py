@@ -203,6 +203,13 @@ def test_a_soak_too_short_for_its_first_planned_fault_still_closes_with_a_restar
     assert (summary["chunks_lost"], summary["chunks_duplicated"], summary["chunks_reordered"],
             summary["chunks_corrupt"]) == (0, 0, 0, 0)
     assert summary["state_equals_log"] is True and done.returncode == 0, done.stdout[-3000:]
+    # each worker's engine is on record, with how it was chosen (measured: `auto`)
+    from csr_ros.engine.calibration import LLAMACPP, TORCH_BF16, TORCH_FP32
+    assert set(summary["engines"]) == {"r1", "r2"}, summary["engines"]
+    for engine in summary["engines"].values():
+        assert engine["how"] == "calibrated", engine
+        assert engine["engine"] in {c.name for c in (TORCH_BF16, TORCH_FP32, LLAMACPP)}, engine
+        assert f": {engine['engine']}; decision at" in engine["choice"], engine
 
 
 @pytest.mark.parametrize("keep", [False, True])

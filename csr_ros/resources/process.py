@@ -72,6 +72,9 @@ class ProcessResource:
             raise ConfigError(f"background_threads must be >= 1, got {background_threads}")
         self.background_threads = background_threads
         self.restarts = 0
+        #: how the worker's engine was chosen (LocalResource.engine_choice; None for servers),
+        #: as its last start reported it
+        self.engine_choice: dict | None = None
         self._wanted = (False, False)       # (background, few_threads), kept across restarts
         self._background = False
         self._threads_background = False
@@ -308,6 +311,7 @@ class ProcessResource:
             raise _as_exception(payload)
         self.max_context_tokens = payload["max_context_tokens"]
         self._state_mode = payload["state_mode"]
+        self.engine_choice = payload["engine_choice"]
         log.info("resource %s (%s) ready in worker process %d", self.name, self.kind, process.pid)
         self._restore_wanted_locked()
 
@@ -422,7 +426,8 @@ def _child_main(conn, kind: str, options: dict) -> None:
 
         resource = make_resource(kind, **options)
         conn.send(("ready", {"max_context_tokens": resource.max_context_tokens,
-                             "state_mode": resource.state_mode}))
+                             "state_mode": resource.state_mode,
+                             "engine_choice": getattr(resource, "engine_choice", None)}))
     except BaseException as exc:
         conn.send(("error", _portable(exc)))
         return

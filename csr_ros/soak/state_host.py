@@ -352,7 +352,9 @@ class StateHost:
                 "log_sync_s": round(self.chunk_log.sync_s, 3),
                 "cpu_s": round(time.process_time(), 2),
                 "log_segment": self.chunk_log.segment,
-                "worker_restarts": {r.name: getattr(r, "restarts", 0) for r in self.resources}}
+                "worker_restarts": {r.name: getattr(r, "restarts", 0) for r in self.resources},
+                "engines": {r.name: r.engine_choice for r in self.resources
+                            if getattr(r, "engine_choice", None) is not None}}
 
     def _accounting(self) -> dict:
         books = self.rec.accounting()

@@ -140,6 +140,7 @@ class SoakSummary:
     log_fs: str
     load_average: dict
     hedged_queries: int = 0         # asked on the secondary for a slow or failed primary
+    engines: dict = field(default_factory=dict)         # each worker's engine and its choice
     held_by_cause: dict = field(default_factory=dict)   # wall seconds held, per cause
     costs_s: dict = field(default_factory=dict)         # CPU and fsync seconds of the run
     notes: list[str] = field(default_factory=list)
@@ -245,6 +246,8 @@ def format_report(s: SoakSummary) -> str:
         lines.append(f"  kill_host restarts: {first[1]:.1f} s at robot-hour {first[0]:.2f}, "
                      f"{last[1]:.1f} s at {last[0]:.2f} ({s.restart_s['last_over_first']:.2f}x "
                      "the first)")
+    for name, engine in s.engines.items():
+        lines.append(f"  engine of {name}: {engine['choice']}")
     lines.append(f"  load average {s.load_average}")
     for note in s.notes:
         lines.append(f"  note: {note}")

@@ -44,6 +44,7 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
+from csr_ros.engine.calibration import describe as describe_choice
 from csr_ros.errors import ConfigError
 from csr_ros.soak.audit import audit_log
 from csr_ros.soak.faults import CLOSING_LEAD, FaultPlan, LogFileSystem, unmount
@@ -277,6 +278,7 @@ class Soak:
         self.host_restarts: list[dict] = []  # the "ready" of every process after the first
         self.first_ready: dict = {}
         self.status: dict = {}
+        self.engines: dict[str, dict] = {}   # each worker's engine, as its last start chose it
         self.past_counters = dict.fromkeys(COUNTERS + COSTS, 0)   # of killed state processes
         self.held_by_cause = dict.fromkeys(HELD_CAUSES, 0.0)     # wall seconds
         self.status_future: Future | None = None
@@ -529,6 +531,7 @@ class Soak:
                 status = future.result()
                 with self.lock:
                     self.status = status
+                self._note_engines(status)
             except Exception:
                 pass
             self.status_future = None
@@ -543,7 +546,22 @@ class Soak:
         status = host.ask("status", timeout_s=timeout_s)
         with self.lock:
             self.status = status
+        self._note_engines(status)
         return status
+
+    def _note_engines(self, status: dict) -> None:
+        """Keep each worker's engine choice; a restart that chose another engine is a note
+        (the run's speed is then not one engine's)."""
+        for name, choice in status.get("engines", {}).items():
+            said = {"engine": choice.get("chosen") or choice.get("backend"),
+                    "precision": choice.get("precision"), "how": choice.get("how"),
+                    "choice": describe_choice(choice)}
+            before = self.engines.get(name)
+            if before is not None and before["engine"] != said["engine"]:
+                self.notes.append(f"worker {name} changed engine at robot-hour "
+                                  f"{self.robot_s / 3600:.2f}: {before['engine']} -> "
+                                  f"{said['engine']}")
+            self.engines[name] = said
 
     # -- the policy ------------------------------------------------------------------------------
 
@@ -1138,7 +1156,7 @@ class Soak:
                        "at_robot_h": [[r["at_robot_h"], round(r["restart_s"], 2)]
                                       for r in self.host_restarts],
                        **kill_host_restarts(self.faults)},
-            hedged_queries=int(total["hedged_queries"]),
+            hedged_queries=int(total["hedged_queries"]), engines=dict(self.engines),
             held_by_cause={k: round(v, 1) for k, v in self.held_by_cause.items()},
             costs_s={"state_log_sync": round(total["log_sync_s"], 2),
                      "state_cpu": round(total["cpu_s"], 1),
