@@ -142,8 +142,8 @@ def test_nodes_only_set_fields_that_the_interfaces_have(interfaces):
 
 def test_every_test_file_that_uses_the_vllm_servers_runs_in_the_one_vllm_unit():
     """Under the test command's two processes, the files that ask for the session's vLLM
-    servers are one unit (test/conftest.py: VLLM_FILES): two pairs would not fit in memory."""
-    import conftest
+    servers are one unit (test/support/run_units.py): two pairs would not fit in memory."""
+    from support.run_units import VLLM_FILES, run_unit
 
     users = set()
     for path in sorted((ROOT / "test").rglob("test_*.py")):
@@ -152,6 +152,6 @@ def test_every_test_file_that_uses_the_vllm_servers_runs_in_the_one_vllm_unit():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
                     {a.arg for a in node.args.args} & {"vllm_pair", "vllm_server"}:
                 users.add(path.relative_to(ROOT).as_posix())
-    assert users and users <= set(conftest.VLLM_FILES), sorted(users - set(conftest.VLLM_FILES))
-    assert {conftest.run_unit(f"{f}::t") for f in users} == {"vllm"}
-    assert conftest.run_unit("test/test_soak.py::t") == "test/test_soak.py"
+    assert users and users <= set(VLLM_FILES), sorted(users - set(VLLM_FILES))
+    assert {run_unit(f"{f}::t") for f in users} == {"vllm"}
+    assert run_unit("test/test_soak.py::t") == "test/test_soak.py"
