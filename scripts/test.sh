@@ -18,11 +18,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --server --ros --vllm --qwen --robot --aarch64
 export CSR_ROS_REQUIRE_ROS=1 CSR_ROS_REQUIRE_VLLM=1 CSR_ROS_REQUIRE_QWEN=1 CSR_ROS_REQUIRE_AARCH64=1
 # Two test processes (pytest-xdist; CSR_ROS_TEST_PROCESSES=1 for one): each takes whole files,
-# the longest first, and the files that use the vLLM servers all go to one (test/conftest.py).
-# Each process's ROS nodes are in a domain of their own.
+# the longest first, and the files that use the vLLM servers all go to one
+# (test/support/run_units.py). Each process's ROS nodes are in a domain of their own.
 processes=${CSR_ROS_TEST_PROCESSES:-2}
-if [[ $processes == 1 ]]; then
-  exec .venv/bin/python -m pytest -ra --durations=25 "$@"
-fi
-exec .venv/bin/python -m pytest -ra --durations=25 -n "$processes" --dist loadfile \
-  --no-loadscope-reorder "$@"
+in_parallel=()
+[[ $processes == 1 ]] || in_parallel=(-n "$processes" --dist loadfile --no-loadscope-reorder)
+exec .venv/bin/python -m pytest -ra --durations=25 "${in_parallel[@]}" "$@"

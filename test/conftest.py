@@ -11,7 +11,7 @@ import pytest
 
 from csr_ros.ros_domain import SLOT_ENV as DOMAIN_SLOT_ENV, free_ros_domain
 from support.ros_check import ros_missing
-from support.run_units import LONGEST_FILES_FIRST, run_unit
+from support.run_units import LONGEST_FILES_FIRST, file_of, run_unit
 # The session's two vLLM servers, defined once here: a session fixture imported into several
 # test modules is one fixture per module, and each module's pair stayed up to the end of the
 # session (two pairs at once, about 9 GB, ran the CI machine out of memory).
@@ -57,12 +57,13 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest -n N, the longest units first (each worker collects the same order)."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return
-    rank: dict[str, tuple[int, int]] = {}
+    rank: dict[str, tuple[int, int]] = {}    # a unit's: its longest file's place, first item
     for index, item in enumerate(items):
-        unit, file = run_unit(item.nodeid), item.nodeid.split("::", 1)[0]
-        known = (LONGEST_FILES_FIRST.index(file), index) if file in LONGEST_FILES_FIRST \
-            else (len(LONGEST_FILES_FIRST), index)
-        rank[unit] = min(rank.get(unit, known), known)
+        file = file_of(item.nodeid)
+        place = LONGEST_FILES_FIRST.index(file) if file in LONGEST_FILES_FIRST \
+            else len(LONGEST_FILES_FIRST)
+        unit = run_unit(item.nodeid)
+        rank[unit] = min(rank.get(unit, (place, index)), (place, index))
     items.sort(key=lambda item: rank[run_unit(item.nodeid)])
 
 

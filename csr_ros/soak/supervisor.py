@@ -251,6 +251,11 @@ class _Host:
         return final
 
 
+def _engine_of(choice: dict) -> str:
+    """The engine an engine choice (LocalResource.engine_choice) names."""
+    return choice.get("chosen") or choice.get("backend")
+
+
 def _workers_alive(status: dict) -> bool:
     """Every worker process the state's process reports runs."""
     return all(p is not None and alive(p) for p in status.get("worker_pids", {}).values())
@@ -278,7 +283,7 @@ class Soak:
         self.host_restarts: list[dict] = []  # the "ready" of every process after the first
         self.first_ready: dict = {}
         self.status: dict = {}
-        self.engines: dict[str, dict] = {}   # each worker's engine, as its last start chose it
+        self.engine_choices: dict[str, dict] = {}   # each worker's, as its last start chose
         self.past_counters = dict.fromkeys(COUNTERS + COSTS, 0)   # of killed state processes
         self.held_by_cause = dict.fromkeys(HELD_CAUSES, 0.0)     # wall seconds
         self.status_future: Future | None = None
@@ -553,15 +558,12 @@ class Soak:
         """Keep each worker's engine choice; a restart that chose another engine is a note
         (the run's speed is then not one engine's)."""
         for name, choice in status.get("engines", {}).items():
-            said = {"engine": choice.get("chosen") or choice.get("backend"),
-                    "precision": choice.get("precision"), "how": choice.get("how"),
-                    "choice": describe_choice(choice)}
-            before = self.engines.get(name)
-            if before is not None and before["engine"] != said["engine"]:
+            before = self.engine_choices.get(name)
+            if before is not None and _engine_of(before) != _engine_of(choice):
                 self.notes.append(f"worker {name} changed engine at robot-hour "
-                                  f"{self.robot_s / 3600:.2f}: {before['engine']} -> "
-                                  f"{said['engine']}")
-            self.engines[name] = said
+                                  f"{self.robot_s / 3600:.2f}: {_engine_of(before)} -> "
+                                  f"{_engine_of(choice)}")
+            self.engine_choices[name] = choice
 
     # -- the policy ------------------------------------------------------------------------------
 
@@ -1156,7 +1158,10 @@ class Soak:
                        "at_robot_h": [[r["at_robot_h"], round(r["restart_s"], 2)]
                                       for r in self.host_restarts],
                        **kill_host_restarts(self.faults)},
-            hedged_queries=int(total["hedged_queries"]), engines=dict(self.engines),
+            hedged_queries=int(total["hedged_queries"]),
+            engines={name: {"engine": _engine_of(choice), "precision": choice.get("precision"),
+                            "how": choice.get("how"), "choice": describe_choice(choice)}
+                     for name, choice in self.engine_choices.items()},
             held_by_cause={k: round(v, 1) for k, v in self.held_by_cause.items()},
             costs_s={"state_log_sync": round(total["log_sync_s"], 2),
                      "state_cpu": round(total["cpu_s"], 1),

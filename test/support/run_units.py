@@ -30,7 +30,11 @@ LONGEST_FILES_FIRST = (
 VLLM_FILES = ("test/test_vllm_router_fleet.py", "test/test_vllm_server.py")
 
 
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def run_unit(nodeid: str) -> str:
     """What one test process runs as a whole: the test's file, or all the vLLM files."""
-    file = nodeid.split("::", 1)[0]
+    file = file_of(nodeid)
     return "vllm" if file in VLLM_FILES else file
