@@ -13,9 +13,17 @@ resources, the decisions), `audit` (the chunk log against every chunk sent), `su
 faults, the recovery checks). `csr-ros soak` is the command (csr_ros.tools.soak).
 """
 
-from csr_ros.soak.settings import FAULT_KINDS, SoakSettings, parse_faults
-from csr_ros.soak.summary import FaultRecord, SoakSummary, format_report
-from csr_ros.soak.supervisor import run_soak
+import importlib
 
-__all__ = ["FAULT_KINDS", "FaultRecord", "SoakSettings", "SoakSummary", "format_report",
-           "parse_faults", "run_soak"]
+_HOMES = {"FAULT_KINDS": "settings", "SoakSettings": "settings", "parse_faults": "settings",
+          "FaultRecord": "summary", "SoakSummary": "summary", "format_report": "summary",
+          "run_soak": "supervisor"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
