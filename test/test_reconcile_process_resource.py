@@ -195,6 +195,51 @@ def test_resources_started_in_turn_start_the_first_alone_and_the_others_on_their
         second.close()
 
 
+def test_a_primary_started_without_waiting_serves_its_first_call_and_tells_its_sibling_its_facts(
+        state):
+    from csr_ros.resources.process import start_in_turn
+
+    first, second = start_in_turn(["w7", "w8"], "local", wait=False, threads=1,
+                                  max_context_tokens=1024)
+    try:
+        assert first.alive and first.pid is not None    # launched, its start not waited for
+        # the sibling's facts are the first's, from the first's start once it reports
+        assert second.max_context_tokens == 1024 and second.state_mode == "token"
+        assert first.engine_choice is not None
+        assert first.load(state.static_ids).n_committed == state.n_static
+        first.wait_started()                            # once started, at once
+        assert not second.alive and first.restarts == 0
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_start_that_fails_without_being_waited_for_raises_at_the_first_call():
+    from csr_ros.errors import ModelNotFoundError
+    from csr_ros.resources.process import ProcessResource
+
+    resource = ProcessResource("local", name="w9", wait=False, model="/nonexistent/model")
+    try:
+        with pytest.raises(ModelNotFoundError):
+            resource.wait_started()
+        assert not resource.alive
+        with pytest.raises(ResourceUnavailableError):
+            resource.extend([1, 2])
+    finally:
+        resource.close()
+
+
+def test_a_worker_closed_during_its_start_is_gone_when_close_returns():
+    from csr_ros.resources.process import ProcessResource
+    from csr_ros.soak.probes import alive
+
+    resource = ProcessResource("local", name="w10", wait=False, threads=1,
+                               max_context_tokens=1024)
+    pid = resource.pid
+    resource.close()
+    assert not alive(pid)
+
+
 def test_a_busy_worker_is_set_to_background_after_its_call_without_the_caller_waiting(state):
     """A caller that holds its own lock (the reconciler's) must not wait for a stopped
     worker's call to end: the threads are set once the call is over."""

@@ -199,6 +199,11 @@ def test_a_soak_too_short_for_its_first_planned_fault_still_closes_with_a_restar
         == [("kill_host", True, True)], summary["faults"]
     (at_h, restart_s), = summary["restart_s"]["kill_host"]
     assert 0.0 <= at_h < 0.1 and restart_s > 0
+    # where the restart went: from the spawn (imports included), and waiting for the primary
+    extra = summary["faults"][0]["extra"]
+    assert extra["since_spawn_s"] >= extra["restart_s"] >= extra["primary_wait_s"] >= 0.0
+    assert summary["restart_s"]["since_spawn_median_s"] == pytest.approx(
+        extra["since_spawn_s"], abs=0.01)
     assert summary["restart_s"]["last_over_first"] is None, "one restart has nothing to compare"
     assert (summary["chunks_lost"], summary["chunks_duplicated"], summary["chunks_reordered"],
             summary["chunks_corrupt"]) == (0, 0, 0, 0)

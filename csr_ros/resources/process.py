@@ -26,10 +26,11 @@ the whole committed run anyway, so it starts a fresh child first: a warm-up retr
 recovers by itself; `revive()` starts one at once, so that the next load does not wait for the
 model to load. `start_in_turn` starts the first of several resources alone and the others
 later (at their first `load` or `revive`): a restarted primary is then ready without sharing
-the cores with its secondary's start. A call given `timeout_s` that does not answer in time
-kills the child and raises `ResourceTimeoutError`. A child whose parent died (killed, say)
-exits within a second, even in the middle of a computation: nothing is left running for a
-person to clean up.
+the cores with its secondary's start. `wait=False` returns while a worker starts: its first
+call waits for it, and the caller's own start-up (a chunk log, a tokenizer) runs beside it. A
+call given `timeout_s` that does not answer in time kills the child and raises
+`ResourceTimeoutError`. A child whose parent died (killed, say) exits within a second, even in
+the middle of a computation: nothing is left running for a person to clean up.
 """
 
 from __future__ import annotations
@@ -61,8 +62,11 @@ class ProcessResource:
 
     def __init__(self, kind: str, *, name: str | None = None, start_timeout_s: float = 600.0,
                  background_nice: int = 10, background_threads: int | None = None,
-                 start: bool = True, **options: Any):
-        """`start=False`: no worker process yet; the first `load` or `revive` starts it."""
+                 start: bool = True, wait: bool = True, **options: Any):
+        """`start=False`: no worker process yet; the first `load` or `revive` starts it.
+        `wait=False`: the worker process starts now and this returns at once; the first call
+        (or `wait_started`) waits until it is ready, and raises what its start raised. What the
+        caller does meanwhile runs beside the worker's imports and weights."""
         self.kind = kind
         self.name = name or options.get("name") or kind
         self.options = {**options, "name": self.name}
@@ -75,6 +79,9 @@ class ProcessResource:
         #: how the worker's engine was chosen (LocalResource.engine_choice; None for servers),
         #: as its last start reported it
         self.engine_choice: dict | None = None
+        self._reported: dict | None = None  # what the worker's start said of its resource
+        self._reported_by: ProcessResource | None = None   # a sibling's, until its own starts
+        self._start_deadline: float | None = None   # set while a start is not waited for yet
         self._wanted = (False, False)       # (background, few_threads), kept across restarts
         self._background = False
         self._threads_background = False
@@ -84,7 +91,7 @@ class ProcessResource:
         self._conn = None
         self.started = False
         if start:
-            self._spawn()
+            self._spawn(wait=wait)
 
     def sibling(self, name: str) -> "ProcessResource":
         """A resource of this one's kind and options that starts later (`start=False`), at low
@@ -94,9 +101,9 @@ class ProcessResource:
                                 background_nice=self.background_nice,
                                 background_threads=self.background_threads, start=False,
                                 **options)
-        # the same kind and options report the same (the child's ready overwrites them)
-        other.max_context_tokens = self.max_context_tokens
-        other._state_mode = self._state_mode
+        # the same kind and options report the same (until its own start reports), also
+        # while this one's start is still under way
+        other._reported_by = self
         other._wanted = (True, True)
         return other
 
@@ -112,7 +119,26 @@ class ProcessResource:
 
     @property
     def state_mode(self) -> str:
-        return self._state_mode
+        return self._facts()["state_mode"]
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self._facts()["max_context_tokens"]
+
+    def _facts(self) -> dict:
+        if self._reported is None and self._reported_by is not None:
+            return self._reported_by._facts()
+        if self._reported is None:
+            self.wait_started()
+        if self._reported is None:
+            raise ResourceUnavailableError(f"resource {self.name!r}: its worker process has "
+                                           "not started yet")
+        return self._reported
+
+    def wait_started(self) -> None:
+        """Wait for a start that `wait=False` did not wait for (at once otherwise)."""
+        with self._lock:
+            self._finish_start_locked()
 
     @property
     def pid(self) -> int | None:
@@ -269,7 +295,9 @@ class ProcessResource:
         with self._lock:
             if self._process is None:
                 return
-            if self._process.is_alive():
+            if self._start_deadline is not None:    # still starting: nothing to finish
+                self._start_deadline = None
+            elif self._process.is_alive():
                 try:
                     self._conn.send(None)
                     self._process.join(10.0)
@@ -281,11 +309,11 @@ class ProcessResource:
 
     # -- the pipe --------------------------------------------------------------------------
 
-    def _spawn(self) -> None:
+    def _spawn(self, *, wait: bool = True) -> None:
         with self._lock:
-            self._spawn_locked()
+            self._spawn_locked(wait=wait)
 
-    def _spawn_locked(self) -> None:
+    def _spawn_locked(self, *, wait: bool = True) -> None:
         self.kill()
         if self._conn is not None:
             self._conn.close()
@@ -304,21 +332,32 @@ class ProcessResource:
                 os.setpriority(os.PRIO_PROCESS, process.pid, self.background_nice)
             except OSError:
                 pass
-        status, payload = self._receive(time.monotonic() + self.start_timeout_s,
-                                        self.start_timeout_s, "start")
+        self._start_deadline = time.monotonic() + self.start_timeout_s
+        if wait:
+            self._finish_start_locked()
+
+    def _finish_start_locked(self) -> None:
+        """The worker's "ready", once per start: its facts, then the threads and priority
+        asked for meanwhile."""
+        if self._start_deadline is None:
+            return
+        deadline, self._start_deadline = self._start_deadline, None
+        status, payload = self._receive(deadline, self.start_timeout_s, "start")
         if status != "ready":
             self.kill()
             raise _as_exception(payload)
-        self.max_context_tokens = payload["max_context_tokens"]
-        self._state_mode = payload["state_mode"]
+        self._reported = {"max_context_tokens": payload["max_context_tokens"],
+                          "state_mode": payload["state_mode"]}
         self.engine_choice = payload["engine_choice"]
-        log.info("resource %s (%s) ready in worker process %d", self.name, self.kind, process.pid)
+        log.info("resource %s (%s) ready in worker process %d", self.name, self.kind,
+                 self._process.pid)
         self._restore_wanted_locked()
 
     def _call_locked(self, path: str | Callable, args: tuple, kwargs: dict,
                      timeout_s: float | None, *,
                      on_text: Callable[[str], None] | None = None) -> Any:
         what = path if isinstance(path, str) else getattr(path, "__name__", "apply")
+        self._finish_start_locked()
         if not self.alive:
             raise ResourceUnavailableError(self._dead_message(what))
         try:
@@ -402,13 +441,14 @@ def start_side_by_side(names: Sequence[str], kind: str = "local",
     return [made[name] for name in names]
 
 
-def start_in_turn(names: Sequence[str], kind: str = "local",
+def start_in_turn(names: Sequence[str], kind: str = "local", *, wait: bool = True,
                   **options) -> list[ProcessResource]:
-    """One ProcessResource per name: the first started (ready when this returns), the others
-    its `sibling`s, started by their first `load` or `revive`. A primary restored after a
-    crash then starts alone: two model loads side by side on a small machine make both
-    slower, and the robot waits for the first."""
-    first = ProcessResource(kind, name=names[0], **options)
+    """One ProcessResource per name: the first started (ready when this returns; with
+    `wait=False` at its first call or `wait_started`), the others its `sibling`s, started by
+    their first `load` or `revive`. A primary restored after a crash then starts alone: two
+    model loads side by side on a small machine make both slower, and the robot waits for the
+    first."""
+    first = ProcessResource(kind, name=names[0], wait=wait, **options)
     return [first] + [first.sibling(name) for name in names[1:]]
 
 

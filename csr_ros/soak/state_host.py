@@ -148,16 +148,24 @@ class StateHost:
         self._send_lock = threading.Lock()
         self.resources: list = []
         self.rec: Reconciler | None = None
-        self.chunk_log = ChunkLog(config.log_path, fsync_interval_s=1.0,
-                                  retention=Retention(retain_bytes=config.retain_bytes,
-                                                      retain_s=config.retain_s,
-                                                      action="archive", compress=True),
-                                  clock=lambda: time.time() + self.offset_s)
-        opened_s = time.monotonic()
+        self.chunk_log: ChunkLog | None = None
         try:
-            tokenizer = self._start_resources()
+            # the primary's worker starts first: its imports and weights take most of a
+            # restart, and the chunk log, the tokenizer and the grammar are read beside them
+            self._launch_resources()
+            self.chunk_log = ChunkLog(config.log_path, fsync_interval_s=1.0,
+                                      retention=Retention(retain_bytes=config.retain_bytes,
+                                                          retain_s=config.retain_s,
+                                                          action="archive", compress=True),
+                                      clock=lambda: time.time() + self.offset_s)
+            opened_s = time.monotonic()
+            tokenizer = self._tokenizer()
             self.vocab = Vocabulary.parse(ACTIONS)
             self.constraint = self.vocab.constraint("auto")
+            read_s = time.monotonic()
+            if config.resource == "local":
+                self.resources[0].wait_started()
+            waited_s = time.monotonic()
             state = CsrState(tokenizer=tokenizer, layout=Layout.from_tokenizer(tokenizer),
                              profile=PROFILE.format(actions=self.vocab.describe()),
                              mode=self.resources[0].state_mode,
@@ -199,32 +207,39 @@ class StateHost:
             "pid": os.getpid(), "next_seq": int(state.next_seq), "version": int(state.version),
             "n_chunks": len(state.chunks), "n_static_tokens": state.n_static,
             "n_from_capsule": n_from_capsule,
-            "open_s": opened_s - started_s, "resources_s": resources_s - opened_s,
+            "open_s": opened_s - started_s, "read_s": read_s - opened_s,
+            "primary_wait_s": waited_s - read_s,
             "rebuild_s": rebuilt_s - resources_s, "resume_s": ready_s - rebuilt_s,
             "restart_s": ready_s - started_s,
             "segments_read": len(self.chunk_log.segments_read),
             "bytes_read": self.chunk_log.bytes_read}
 
-    def _start_resources(self):
+    def _launch_resources(self) -> None:
         c = self.config
         if c.resource == "local":
-            from csr_ros.model_store import resolve_model_dir
             from csr_ros.resources.process import start_in_turn
-            from csr_ros.tokenizer import HFTokenizer
 
-            # r1 (the primary, restored from the capsule) starts alone; r2 starts once this
-            # process serves (_revive_loop), not beside it: the robot waits only for r1
+            # r1 (the primary, restored from the capsule) starts alone, not waited for here;
+            # r2 starts once this process serves (_revive_loop), not beside it: the robot
+            # waits only for r1
             self.resources = start_in_turn(
-                ["r1", "r2"], "local", model=c.model, threads=c.threads, dtype=c.dtype,
-                backend=c.backend, background_threads=c.background_threads,
+                ["r1", "r2"], "local", wait=False, model=c.model, threads=c.threads,
+                dtype=c.dtype, backend=c.backend, background_threads=c.background_threads,
                 max_context_tokens=c.max_context_tokens)
-            return HFTokenizer(resolve_model_dir(c.model, weights=False))
+            return
         from csr_ros.resources.factory import make_resource
 
         for name, url in zip(("r1", "r2"), c.urls):
             self.resources.append(make_resource(
                 "openai", url=url, name=name, max_context_tokens=c.max_context_tokens,
                 tau_mem_tokens=c.tau_mem_tokens, read_timeout_s=c.op_timeout_s))
+
+    def _tokenizer(self):
+        if self.config.resource == "local":
+            from csr_ros.model_store import resolve_model_dir
+            from csr_ros.tokenizer import HFTokenizer
+
+            return HFTokenizer(resolve_model_dir(self.config.model, weights=False))
         return self.resources[0].tokenizer
 
     # -- the loop ------------------------------------------------------------------------------
@@ -376,7 +391,8 @@ class StateHost:
                 resource.close()
             except Exception:
                 pass
-        self.chunk_log.close()
+        if self.chunk_log is not None:
+            self.chunk_log.close()
 
 
 def _send_quietly(conn, message) -> None:

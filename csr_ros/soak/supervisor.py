@@ -203,8 +203,9 @@ class _Host:
             except (EOFError, OSError):
                 break
             kind = message[0]
-            if kind == "ready":
-                self.ready = message[1]
+            if kind == "ready":       # with the seconds from its spawn: imports included
+                self.ready = {**message[1],
+                              "since_spawn_s": time.monotonic() - self.started_wall}
             elif kind == "decision":
                 self.soak.on_decision(self, message[1], message[2])
             elif kind == "answer":
@@ -854,11 +855,14 @@ class Soak:
             r = new.ready
             orphans = [p for p in workers if alive(p)]
             record.extra.update(restart_s=round(r["restart_s"], 3),
+                                since_spawn_s=round(r["since_spawn_s"], 3),
+                                primary_wait_s=round(r.get("primary_wait_s", 0.0), 3),
                                 rebuild_s=round(r["rebuild_s"], 3),
                                 resume_s=round(r["resume_s"], 3),
                                 n_from_capsule=r["n_from_capsule"],
                                 resumed_at_seq=r["next_seq"], orphan_workers=orphans)
-            record.robot_saw += (f"; restarted in {r['restart_s']:.1f} s (the state rebuilt "
+            record.robot_saw += (f"; restarted in {r['restart_s']:.1f} s, "
+                                 f"{r['since_spawn_s']:.1f} s from its spawn (the state rebuilt "
                                  f"in {r['rebuild_s']:.2f} s, {r['n_from_capsule']} tokens "
                                  "from the capsule)")
             if orphans:
@@ -1119,6 +1123,7 @@ class Soak:
                 if d["ok"] and d["ttft_s"] is not None:
                     ttfts.append(d["ttft_s"])
         restarts = sorted(r["restart_s"] for r in self.host_restarts)
+        spawned = sorted(round(r["since_spawn_s"], 2) for r in self.host_restarts)
         final = final or self.status
         total = {k: self.past_counters[k] + final.get(k, 0) for k in COUNTERS + COSTS}
         tokens = None
@@ -1154,6 +1159,7 @@ class Soak:
                        "max_s": restarts[-1] if restarts else None,
                        "rebuild_s_max": max((r["rebuild_s"] for r in self.host_restarts),
                                             default=None),
+                       "since_spawn_median_s": spawned[len(spawned) // 2] if spawned else None,
                        "first_start_s": round(self.first_ready.get("restart_s", 0.0), 2),
                        "at_robot_h": [[r["at_robot_h"], round(r["restart_s"], 2)]
                                       for r in self.host_restarts],
