@@ -16,9 +16,8 @@ imported on first use, so importing this package imports neither torch nor llama
 it bounds torch's per-shape kernel caches before any engine runs (heap.py says why).
 """
 
-import importlib
-
 from csr_ros.engine.heap import bound_shape_caches
+from csr_ros.lazy import lazy_names
 
 bound_shape_caches()
 
@@ -29,9 +28,4 @@ _HOMES = {"Engine": "decoder", "ExtendResult": "decoder", "Generation": "decoder
 
 __all__ = sorted(_HOMES)
 
-
-def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+__getattr__ = lazy_names(__name__, _HOMES)

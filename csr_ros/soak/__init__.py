@@ -13,7 +13,7 @@ resources, the decisions), `audit` (the chunk log against every chunk sent), `su
 faults, the recovery checks). `csr-ros soak` is the command (csr_ros.tools.soak).
 """
 
-import importlib
+from csr_ros.lazy import lazy_names
 
 _HOMES = {"FAULT_KINDS": "settings", "SoakSettings": "settings", "parse_faults": "settings",
           "FaultRecord": "summary", "SoakSummary": "summary", "format_report": "summary",
@@ -21,9 +21,4 @@ _HOMES = {"FAULT_KINDS": "settings", "SoakSettings": "settings", "parse_faults":
 
 __all__ = sorted(_HOMES)
 
-
-def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+__getattr__ = lazy_names(__name__, _HOMES)
