@@ -163,12 +163,11 @@ class StateHost:
             self.vocab = Vocabulary.parse(ACTIONS)
             self.constraint = self.vocab.constraint("auto")
             read_s = time.monotonic()
-            if config.resource == "local":
-                self.resources[0].wait_started()
+            mode = self.resources[0].state_mode    # a local primary's once its worker is ready
             waited_s = time.monotonic()
             state = CsrState(tokenizer=tokenizer, layout=Layout.from_tokenizer(tokenizer),
                              profile=PROFILE.format(actions=self.vocab.describe()),
-                             mode=self.resources[0].state_mode,
+                             mode=mode,
                              policy=ChunkPolicy(max_chunk_tokens=config.max_chunk_tokens,
                                                 oversize="truncate"))
             resources_s = time.monotonic()

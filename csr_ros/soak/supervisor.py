@@ -856,7 +856,7 @@ class Soak:
             orphans = [p for p in workers if alive(p)]
             record.extra.update(restart_s=round(r["restart_s"], 3),
                                 since_spawn_s=round(r["since_spawn_s"], 3),
-                                primary_wait_s=round(r.get("primary_wait_s", 0.0), 3),
+                                primary_wait_s=round(r["primary_wait_s"], 3),
                                 rebuild_s=round(r["rebuild_s"], 3),
                                 resume_s=round(r["resume_s"], 3),
                                 n_from_capsule=r["n_from_capsule"],
